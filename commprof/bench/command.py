@@ -1,0 +1,196 @@
+"""`commprof bench [COLLECTIVE ...]`: flags with nccl-tests' names and meanings, validation before any
+rank starts, then either the launcher (--nproc / the default of one rank per core or GPU) or the sweep.
+
+    commprof bench                                  # every collective, one rank per core (or GPU)
+    commprof bench all_reduce -b 8 -e 16M -f 2 --nproc 4 --json out.json
+    mpiexec -n 2 commprof bench --backend mpi all_gather -d all
+
+Exercised by: `pytest tests/test_bench_cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from commprof import launch
+from commprof.bench.collectives import COLLECTIVES
+from commprof.bench.config import BenchConfig
+from commprof.bench.runner import MODES, plan, sweep
+from commprof.comm import BACKENDS, default_backend, init_comm, slots, unsupported
+from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
+from commprof.comm.watchdog import Watchdog
+from commprof.errors import UsageError
+from commprof.report import files
+from commprof.report.env import local_env, merge_env
+from commprof.report.table import avg_busbw, bench_table, header
+from commprof.report.units import parse_size
+from commprof.world import World, discover, usable_cores
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="sweep collectives over sizes (nccl-tests semantics)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
+                   help=f"any of {', '.join(COLLECTIVES)} (default: all)")
+    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
+    p.add_argument("--nproc", type=int, help="start N local ranks (default: one per core, or per GPU)")
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size, K/M/G suffixes (default 8)")
+    p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply size by this (default 2)")
+    p.add_argument("-i", "--stepbytes", default="0", help="add this many bytes instead of -f")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed warm-up iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
+    p.add_argument("-o", "--op", default="sum", help=f"{', '.join(REDUCE_OPS)}, a comma list, or all")
+    p.add_argument("-d", "--datatype", default="float32", help=f"{', '.join(DTYPES)}, a comma list, or all")
+    p.add_argument("-a", "--average", choices=("avg", "min", "max"), default="avg",
+                   help="reported time across ranks (default avg)")
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on its peers")
+    p.add_argument("--json", metavar="PATH", help="write env + results as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write results as CSV")
+    p.set_defaults(func=main)
+
+
+def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfig:
+    """Validate the flags; raise UsageError with one line naming the problem."""
+    names = args.collectives or list(COLLECTIVES)
+    for name in names:
+        if name not in COLLECTIVES:
+            raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
+    backend = args.backend or default_backend()
+    for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0)):
+        if value < low:
+            raise UsageError(f"{flag} {value} must be at least {low}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g} must be positive")
+    if world_size is not None and not 0 <= args.root < world_size:
+        raise UsageError(f"--root {args.root} is outside 0..{world_size - 1}")
+    cfg = BenchConfig(
+        collectives=tuple(dict.fromkeys(names)), backend=backend,
+        dtypes=tuple(dtype_name(d) for d in parse_dtypes(args.datatype)),
+        ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
+        min_bytes=parse_size(args.minbytes), max_bytes=parse_size(args.maxbytes),
+        step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes), iters=args.iters,
+        warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
+        timeout_s=args.timeout)
+    cfg.sizes()  # raises on -b > -e and a factor that never grows
+    if cfg.explicit:
+        _require_supported(cfg)
+    return cfg
+
+
+def _require_supported(cfg: BenchConfig) -> None:
+    """An op or dtype asked for by name that the backend cannot run at all is an error."""
+    for name in cfg.collectives:
+        coll = COLLECTIVES[name]
+        if name == "barrier":
+            continue
+        for dtype in cfg.dtypes:
+            for op in cfg.ops if coll.reduces else (None,):
+                reasons = [unsupported(cfg.backend, name, DTYPES[dtype], op, m) for m in MODES]
+                if all(reasons):
+                    raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
+
+
+def main(args: argparse.Namespace) -> int:
+    world = discover()
+    if not world.launched:
+        cfg = build_config(args, args.nproc)
+        nproc = args.nproc if args.nproc is not None else max(1, slots(cfg.backend))
+        if nproc < 1:
+            raise UsageError(f"--nproc {nproc} must be at least 1")
+        if nproc > 1 or cfg.backend == "mpi":
+            over = nproc > slots(cfg.backend)
+            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over)
+    cfg = build_config(args, world.world_size)
+    return run_rank(world, cfg, args)
+
+
+def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
+    """The sweep on one rank; rank 0 prints and writes the results. Exit 1 if any value was wrong."""
+    have = slots(cfg.backend)
+    if cfg.backend == "nccl" and world.local_world_size > have:
+        raise UsageError(f"nccl needs one GPU per rank: {world.local_world_size} ranks per host, {have} GPU(s)")
+    over = world.local_world_size > have
+    torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
+    comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
+    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
+        pieces = comm.gather_object(local_env(comm.device), dst=0)
+        env = None if pieces is None else merge_env(
+            pieces, backend=cfg.backend, world_size=comm.world_size, local_world_size=world.local_world_size,
+            slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
+            argv=["commprof", *args.argv])
+        the_plan = plan(cfg, comm.world_size)
+        if world.rank == 0:
+            sink = _Sink(cfg, env, args, the_plan)
+            sweep(comm, cfg, the_plan, sink.add)
+            sink.close()
+            wrong = sink.wrong
+        else:
+            sweep(comm, cfg, the_plan, lambda *_: None)
+            wrong = 0
+        wrong = comm.broadcast_object(wrong, src=0)
+    comm.close()
+    if wrong:
+        if world.rank == 0:
+            sys.stderr.write(f"commprof: error: {wrong} wrong value(s) in the results (#wrong column)\n")
+        return 1
+    return 0
+
+
+class _Sink:
+    """Rank 0's end of the sweep: progress bar, a table per collective, files rewritten as rows arrive."""
+
+    def __init__(self, cfg: BenchConfig, env: dict, args, the_plan) -> None:
+        self.cfg, self.env, self.args, self.plan = cfg, env, args, the_plan
+        out = Console()
+        # Off a terminal rich assumes 80 columns; a results table should not wrap in a log file.
+        self.console = out if out.is_terminal else Console(width=200)
+        self.results: list[dict] = []
+        self.current: list[dict] = []
+        self.wrong = 0
+        self.console.print(header(env))
+        err = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err, transient=True,
+                                 disable=not err.is_terminal)
+        self.task = self.progress.add_task("sweep", total=len(the_plan.points))
+        self.progress.start()
+
+    def add(self, point, records: list[dict]) -> None:
+        if self.current and self.current[0]["collective"] != point.collective.name:
+            self._flush()
+        self.current.extend(records)
+        self.results.extend(records)
+        self.wrong += sum(r["wrong"] or 0 for r in records)
+        self.progress.update(self.task, advance=1,
+                             description=f"{point.collective.name} {point.dtype or ''} {point.count} el.")
+
+    def _flush(self) -> None:
+        name = self.current[0]["collective"]
+        notes = [n for n in self.plan.notes if n.startswith(name + " ")]
+        self.progress.stop()
+        self.console.print(bench_table(name, self.current, notes))
+        if name != "barrier":
+            self.console.print(f"# {name} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
+        self.progress.start()
+        self.current = []
+        if self.args.json:
+            files.write_json(self.args.json, self.env, self.results)
+        if self.args.csv:
+            files.write_csv(self.args.csv, self.results)
+
+    def close(self) -> None:
+        if self.current:
+            self._flush()
+        self.progress.stop()
+        for note in self.plan.notes:
+            if not any(note.startswith(c + " ") for c in self.cfg.collectives if c in {r["collective"] for r in self.results}):
+                self.console.print(f"note: {note}")

@@ -1,0 +1,60 @@
+"""What one `commprof bench` run measures: a frozen config the CLI builds and validates.
+
+Exercised by: `pytest tests/test_bench_cli.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commprof.errors import UsageError
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    collectives: tuple[str, ...]
+    """Collectives to sweep, in order."""
+    backend: str
+    """gloo, nccl or mpi."""
+    dtypes: tuple[str, ...] = ("float32",)
+    """Element types (-d)."""
+    ops: tuple[str, ...] = ("sum",)
+    """Reduce ops (-o) for the collectives that reduce."""
+    explicit: bool = True
+    """Dtypes and ops were named one by one (not `all`): a combination the backend lacks is an error,
+    not a skipped row."""
+    min_bytes: int = 8
+    """Smallest size (-b), nccl-tests' size convention."""
+    max_bytes: int = 16 << 20
+    """Largest size (-e)."""
+    step_factor: float = 2.0
+    """Multiply the size by this between steps (-f)."""
+    step_bytes: int = 0
+    """Add this many bytes between steps instead (-i); 0 means use step_factor."""
+    iters: int = 20
+    """Timed iterations per size (-n)."""
+    warmup: int = 5
+    """Untimed iterations before them (-w)."""
+    check: bool = True
+    """Verify results against the closed form once per size and mode (-c)."""
+    agg: str = "avg"
+    """How per-rank times combine into the reported time (-a): avg, min or max over ranks."""
+    root: int = 0
+    """Root rank for broadcast and reduce."""
+    timeout_s: float = 120.0
+    """A rank blocked longer than this in one op ends the run (--timeout)."""
+
+    def sizes(self) -> list[int]:
+        """The requested byte sizes, before per-collective rounding."""
+        if self.min_bytes > self.max_bytes:
+            raise UsageError(f"-b {self.min_bytes} is larger than -e {self.max_bytes}")
+        if self.step_bytes <= 0 and self.step_factor <= 1 and self.min_bytes != self.max_bytes:
+            raise UsageError(f"-f {self.step_factor:g} must be greater than 1 (or give -i)")
+        out, size = [], self.min_bytes
+        while size <= self.max_bytes:
+            out.append(size)
+            nxt = size + self.step_bytes if self.step_bytes > 0 else int(size * self.step_factor)
+            if nxt <= size:
+                break
+            size = nxt
+        return out

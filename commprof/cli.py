@@ -1,0 +1,60 @@
+"""The `commprof` command: registers subcommands and turns every failure into one line on stderr.
+
+    commprof bench --help
+
+Exit codes: 0 success, 1 wrong results or a backend failure, 2 bad input or an unsupported request,
+3 a rank that did not answer within --timeout, 130 interrupted. COMMPROF_DEBUG=1 shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from commprof import __version__
+from commprof.errors import CommprofError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage + message; keep it to one line
+        sys.stderr.write(f"commprof: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from commprof.bench import command as bench
+
+    parser = _Parser(prog="commprof", description="Low-level communication profiler for distributed training.")
+    parser.add_argument("--version", action="version", version=f"commprof {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    bench.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    rank = os.environ.get("RANK") or os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    who = f"rank {rank}: " if rank is not None else ""
+    try:
+        return args.func(args)
+    except CommprofError as exc:
+        _say(f"{exc}", rank)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a backend failure (peer gone, timeout inside gloo, …)
+        if os.environ.get("COMMPROF_DEBUG"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _say(f"{who}{type(exc).__name__}: {first[:300]}", None)
+        return 1
+
+
+def _say(message: str, rank: str | None) -> None:
+    # Input errors are the same on every rank: only rank 0 says so.
+    if rank in (None, "0"):
+        sys.stderr.write(f"commprof: error: {message}\n")
+        sys.stderr.flush()

@@ -1,0 +1,115 @@
+"""The one door to the network: choose a backend, rendezvous, and hand out a `Comm`.
+
+    comm = init_comm(world, backend="gloo", timeout_s=60)
+    comm.all_reduce(tensor)            # timed, counted, NVTX-wrapped
+
+Backends: gloo and nccl through torch.distributed, mpi through mpi4py. Exercised by:
+`pytest tests/test_comm.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from commprof.comm import mpi_comm, torch_comm
+from commprof.comm.base import Comm, Handle
+from commprof.errors import UsageError
+from commprof.profile.clock import CpuClock, CudaClock
+from commprof.world import World, usable_cores
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+# Environment that makes an MPI library yield the core while it waits instead of spinning, for when
+# ranks outnumber cores: MPICH sleeps between idle polls, Open MPI yields when idle.
+YIELD_ENV = {
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+
+__all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
+           "slots", "free_port"]
+
+
+def default_backend() -> str:
+    """nccl when CUDA is present, else gloo."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def slots(backend: str) -> int:
+    """How many ranks one host can run without sharing: GPUs for nccl, usable cores otherwise."""
+    if backend == "nccl":
+        return torch.cuda.device_count()
+    return usable_cores()
+
+
+def unsupported(backend: str, collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
+    """Why `backend` cannot run `collective` with this dtype/op/mode, or None when it can."""
+    if backend == "mpi":
+        return mpi_comm.unsupported(collective, dtype, op, inplace)
+    return torch_comm.unsupported(backend, collective, dtype, op, inplace)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False) -> Comm:
+    """Join the job described by `world` on `backend` and return the world Comm."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    if backend == "mpi":
+        return _init_mpi(world, oversubscribed)
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
+        device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        clock = CudaClock()
+    else:
+        device, clock = torch.device("cpu"), CpuClock()
+    addr, port = _rendezvous(world)
+    return torch_comm.TorchComm.init(backend=backend, rank=world.rank, world_size=world.world_size,
+                                     addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
+
+
+def import_mpi():
+    """mpi4py's MPI module, or a clear error when no MPI library can be loaded."""
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as exc:
+        raise UsageError(f"no usable MPI library ({str(exc).splitlines()[0]}): install one, e.g. "
+                         "pip install 'commprof[mpich]'") from None
+    return MPI
+
+
+def _init_mpi(world: World, oversubscribed: bool) -> Comm:
+    if oversubscribed:
+        for key, value in YIELD_ENV.items():
+            os.environ.setdefault(key, value)  # read by MPI_Init, which the import below runs
+    MPI = import_mpi()
+    size = MPI.COMM_WORLD.Get_size()
+    if size != world.world_size:
+        raise UsageError(f"backend mpi needs ranks started by mpiexec (MPI sees {size} rank(s), "
+                         f"the launcher {world.world_size}); use --nproc N or mpiexec -n N")
+    return mpi_comm.MpiComm(comm=MPI.COMM_WORLD, clock=CpuClock())
+
+
+def _rendezvous(world: World) -> tuple[str, int]:
+    """Address and port of rank 0's store."""
+    if world.master_addr and world.master_port:
+        return world.master_addr, world.master_port
+    if world.world_size == 1:
+        return "127.0.0.1", free_port()
+    if world.launcher == "mpiexec":
+        # mpiexec gives ranks but no rendezvous: rank 0 picks one and tells the others over MPI.
+        MPI = import_mpi()
+        here = (socket.gethostbyname(socket.gethostname()), free_port()) if world.rank == 0 else None
+        return MPI.COMM_WORLD.bcast(here, root=0)
+    raise UsageError(f"{world.launcher} gave no rendezvous: set MASTER_ADDR and MASTER_PORT")

@@ -1,0 +1,222 @@
+"""Comm: the one door to the network. Every byte that crosses ranks goes through a Comm method.
+
+Each data-plane call is, here and only here: wrapped in an NVTX range (domain `commprof`, category
+`comm`, message "<op> <size> <dtype>"), timed from issue to completion with the backend's clock, and
+logged with its payload bytes in nccl-tests' size convention. Backends (torch.distributed, mpi4py)
+implement the `_op` methods; they never time or count anything themselves.
+
+Names follow torch.distributed; tensor flavours throughout: `all_gather(output, input)` fills one flat
+output of world_size × input (torch's all_gather_into_tensor), `reduce_scatter(output, input)` likewise,
+`all_to_all(output, input)` is all_to_all_single with equal splits. An op runs in place when its
+output aliases its input as NCCL defines it (all_gather: input is output's chunk `rank`; reduce_scatter:
+output is input's chunk `rank`; all_reduce/reduce: no `output`).
+
+Exercised by: `pytest tests/test_comm.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import nvtx
+import torch
+
+from commprof.comm.dtypes import dtype_name
+from commprof.profile.recorder import OpRecorder
+from commprof.report.units import format_bytes
+
+DOMAIN = "commprof"
+
+
+class Comm:
+    """Collectives and point-to-point over one process group, timed, counted and NVTX-wrapped."""
+
+    backend = "none"
+
+    def __init__(self, *, rank: int, world_size: int, device: torch.device, clock, recorder=None) -> None:
+        self.rank = rank
+        """Rank within this Comm's group."""
+        self.world_size = world_size
+        """Size of this Comm's group: the n of busbw factors."""
+        self.device = device
+        self.clock = clock
+        self.recorder = recorder if recorder is not None else OpRecorder(clock)
+        self._now = clock.now
+        self._elapsed = clock.elapsed_ns
+        self._log = self.recorder.ops.append
+        self._domain = nvtx.get_domain(DOMAIN)
+        self._labels: dict = {}
+        self.busy: str | None = None
+        """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
+        self.busy_seq = 0
+
+    # ---- data plane -------------------------------------------------------------------------
+    def all_reduce(self, tensor, *, op: str = "sum", output=None, async_op: bool = False):
+        """Reduce `tensor` across ranks; in place unless `output` is given (where the backend can)."""
+        return self._call("all_reduce", tensor.nbytes, tensor.dtype, async_op,
+                          self._all_reduce, tensor, op, output, async_op)
+
+    def all_gather(self, output, input, *, async_op: bool = False):
+        """Gather every rank's `input` into `output` (world_size × input, rank order)."""
+        return self._call("all_gather", output.nbytes, input.dtype, async_op,
+                          self._all_gather, output, input, async_op)
+
+    def reduce_scatter(self, output, input, *, op: str = "sum", async_op: bool = False):
+        """Reduce `input` (world_size chunks) across ranks; chunk `rank` of the result lands in `output`."""
+        return self._call("reduce_scatter", input.nbytes, input.dtype, async_op,
+                          self._reduce_scatter, output, input, op, async_op)
+
+    def broadcast(self, tensor, *, src: int, async_op: bool = False):
+        """Copy `tensor` of rank `src` to every rank."""
+        return self._call("broadcast", tensor.nbytes, tensor.dtype, async_op,
+                          self._broadcast, tensor, src, async_op)
+
+    def reduce(self, tensor, *, dst: int, op: str = "sum", output=None, async_op: bool = False):
+        """Reduce `tensor` onto rank `dst`; in place unless `output` is given (where the backend can)."""
+        return self._call("reduce", tensor.nbytes, tensor.dtype, async_op,
+                          self._reduce, tensor, dst, op, output, async_op)
+
+    def all_to_all(self, output, input, *, async_op: bool = False):
+        """Chunk j of every rank's `input` goes to rank j; chunk i of `output` comes from rank i."""
+        return self._call("all_to_all", input.nbytes, input.dtype, async_op,
+                          self._all_to_all, output, input, async_op)
+
+    def send(self, tensor, *, dst: int) -> None:
+        self._call("send", tensor.nbytes, tensor.dtype, False, self._send, tensor, dst, False)
+
+    def recv(self, tensor, *, src: int) -> None:
+        self._call("recv", tensor.nbytes, tensor.dtype, False, self._recv, tensor, src, False)
+
+    def isend(self, tensor, *, dst: int) -> "Handle":
+        return self._call("send", tensor.nbytes, tensor.dtype, True, self._send, tensor, dst, True)
+
+    def irecv(self, tensor, *, src: int) -> "Handle":
+        return self._call("recv", tensor.nbytes, tensor.dtype, True, self._recv, tensor, src, True)
+
+    def sendrecv(self, send_tensor, recv_tensor, *, dst: int, src: int, async_op: bool = False):
+        """Send to `dst` and receive from `src` at once (one step of a ring exchange)."""
+        return self._call("sendrecv", send_tensor.nbytes, send_tensor.dtype, async_op,
+                          self._sendrecv, send_tensor, recv_tensor, dst, src, async_op)
+
+    def barrier(self) -> None:
+        self._call("barrier", 0, None, False, self._barrier)
+
+    # ---- the single place where ops are wrapped, timed and logged ---------------------------
+    def _call(self, name: str, nbytes: int, dtype, async_op: bool, fn, *args):
+        attrs = self._labels.get((name, nbytes, dtype))
+        if attrs is None:
+            attrs = self._label(name, nbytes, dtype)
+        self._domain.push_range(attrs)
+        self.busy_seq += 1
+        self.busy = name
+        try:
+            start = self._now()
+            work = fn(*args)
+            if async_op:
+                return Handle(self, name, nbytes, work)
+            end = self._now()
+        finally:
+            self.busy = None
+            self._domain.pop_range()
+        self._log((name, nbytes, self.world_size, start, end, self._elapsed))
+        return None
+
+    def _label(self, name: str, nbytes: int, dtype, category: str = "comm"):
+        size = f" {format_bytes(nbytes)}" if dtype is not None else ""
+        kind = f" {dtype_name(dtype)}" if dtype is not None else ""
+        attrs = self._domain.get_event_attributes(message=f"{name}{size}{kind}", category=category)
+        self._labels[(name, nbytes, dtype)] = attrs
+        return attrs
+
+    # ---- control plane: bookkeeping between ranks, neither timed nor counted ----------------
+    def gather_object(self, obj, dst: int = 0) -> list | None:
+        """Picklable `obj` of every rank, as a list on `dst` (None elsewhere)."""
+        return self._blocking("gather_object", self._gather_object, obj, dst)
+
+    def broadcast_object(self, obj, src: int = 0):
+        """Rank `src`'s picklable `obj`, on every rank."""
+        return self._blocking("broadcast_object", self._broadcast_object, obj, src)
+
+    def control_barrier(self) -> None:
+        """Wait for every rank, outside the op log."""
+        self._blocking("barrier", self._control_barrier)
+
+    def _blocking(self, name: str, fn, *args):
+        self.busy_seq += 1
+        self.busy = name
+        try:
+            return fn(*args)
+        finally:
+            self.busy = None
+
+    def new_group(self, ranks: list[int]) -> "Comm | None":
+        """A Comm over `ranks` (global ranks); every rank must call it; None on ranks outside it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the backend's resources."""
+
+    # ---- what a backend implements ----------------------------------------------------------
+    def _all_reduce(self, tensor, op, output, async_op): raise NotImplementedError
+    def _all_gather(self, output, input, async_op): raise NotImplementedError
+    def _reduce_scatter(self, output, input, op, async_op): raise NotImplementedError
+    def _broadcast(self, tensor, src, async_op): raise NotImplementedError
+    def _reduce(self, tensor, dst, op, output, async_op): raise NotImplementedError
+    def _all_to_all(self, output, input, async_op): raise NotImplementedError
+    def _send(self, tensor, dst, async_op): raise NotImplementedError
+    def _recv(self, tensor, src, async_op): raise NotImplementedError
+    def _sendrecv(self, send_tensor, recv_tensor, dst, src, async_op): raise NotImplementedError
+    def _barrier(self): raise NotImplementedError
+    def _gather_object(self, obj, dst): raise NotImplementedError
+    def _broadcast_object(self, obj, src): raise NotImplementedError
+    def _control_barrier(self): raise NotImplementedError
+
+    def _wait(self, work) -> None:
+        """Block until backend `work` (a torch Work or MPI Request) has completed."""
+        raise NotImplementedError
+
+    def _watch_completion(self, work, done) -> None:
+        """Arrange for `done(perf_counter_ns())` to run when `work` completes, if the backend can tell."""
+
+
+class Handle:
+    """An async op in flight. Its completion time is taken from the work's future where the backend
+    has one (torch), else when `wait()` returns (MPI); blocking in `wait()` is an NVTX `wait` range."""
+
+    def __init__(self, comm: Comm, name: str, nbytes: int, work) -> None:
+        self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
+        self._start = time.perf_counter_ns()
+        self._lock = threading.Lock()
+        self._done = False
+        comm._watch_completion(work, self._finish)
+
+    def _finish(self, end_ns: int) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        comm = self._comm
+        comm._log((self._name, self._nbytes, comm.world_size, self._start, end_ns, _host_elapsed))
+
+    def wait(self) -> None:
+        comm = self._comm
+        attrs = comm._labels.get(("wait " + self._name, 0, None))
+        if attrs is None:
+            attrs = comm._label("wait " + self._name, 0, None, category="wait")
+        comm._domain.push_range(attrs)
+        comm.busy_seq += 1
+        comm.busy = self._name
+        try:
+            start = time.perf_counter_ns()
+            comm._wait(self._work)
+            end = time.perf_counter_ns()
+        finally:
+            comm.busy = None
+            comm._domain.pop_range()
+        comm.recorder.waits.append((self._name, start, end))
+        self._finish(end)
+
+
+def _host_elapsed(start: int, end: int) -> int:
+    return end - start

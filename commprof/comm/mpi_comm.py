@@ -1,0 +1,151 @@
+"""Comm over MPI through mpi4py (torch's own MPI backend is absent from registry builds).
+
+Tensors are CPU tensors handed to MPI as zero-copy NumPy views. MPI has no bfloat16 type, so bfloat16
+moves as raw 16-bit words where nothing is reduced, and reductions on it are refused. Async ops use
+MPI-3 nonblocking collectives; their completion is observed when waited on.
+Exercised by: `pytest tests/test_comm.py -k mpi`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commprof.comm.base import Comm
+from commprof.comm.torch_comm import REDUCING
+from commprof.errors import UnsupportedError
+
+_NO_OUT_OF_PLACE = {"broadcast"}
+_NO_IN_PLACE = {"sendrecv"}
+
+
+def unsupported(collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
+    """Why MPI cannot run this, or None."""
+    if not inplace and collective in _NO_OUT_OF_PLACE:
+        return f"MPI has no out-of-place {collective}"
+    if inplace and collective in _NO_IN_PLACE:
+        return f"MPI has no in-place {collective} in commprof"
+    if collective in REDUCING:
+        if op == "avg":
+            return "MPI has no avg reduce op"
+        if dtype == torch.bfloat16:
+            return "MPI has no bfloat16 reductions"
+    return None
+
+
+class MpiComm(Comm):
+    """An mpi4py communicator behind the Comm interface."""
+
+    backend = "mpi"
+
+    def __init__(self, *, comm, clock, recorder=None) -> None:
+        super().__init__(rank=comm.Get_rank(), world_size=comm.Get_size(), device=torch.device("cpu"),
+                         clock=clock, recorder=recorder)
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm
+        self._ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+    def _op(self, name: str):
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise UnsupportedError(f"MPI has no {name} reduce op") from None
+
+    @staticmethod
+    def _buf(t: torch.Tensor):
+        """Zero-copy NumPy view; bfloat16 as raw words (only valid where nothing is reduced)."""
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy()
+        return t.numpy()
+
+    # ---- data plane ---------------------------------------------------------------------------
+    def _all_reduce(self, tensor, op, output, async_op):
+        c, buf = self._comm, self._buf(tensor)
+        send, recv = (self._MPI.IN_PLACE, buf) if output is None else (buf, self._buf(output))
+        if async_op:
+            return c.Iallreduce(send, recv, op=self._op(op))
+        c.Allreduce(send, recv, op=self._op(op))
+
+    def _all_gather(self, output, input, async_op):
+        c, out = self._comm, self._buf(output)
+        inplace = input.data_ptr() == output.data_ptr() + self.rank * input.nbytes
+        send = self._MPI.IN_PLACE if inplace else self._buf(input)
+        return c.Iallgather(send, out) if async_op else c.Allgather(send, out)
+
+    def _reduce_scatter(self, output, input, op, async_op):
+        c = self._comm
+        chunk = output.numel()
+        if output.data_ptr() == input.data_ptr() + self.rank * output.nbytes:
+            if async_op:
+                raise UnsupportedError("MPI in-place reduce_scatter is synchronous only")
+            # MPI_IN_PLACE leaves the result at the start of the buffer; NCCL's in-place contract
+            # wants it in chunk `rank`, so it is moved there (part of the measured time).
+            c.Reduce_scatter_block(self._MPI.IN_PLACE, self._buf(input), op=self._op(op))
+            if self.rank:
+                output.copy_(input[:chunk])
+            return None
+        send, recv = self._buf(input), self._buf(output)
+        if async_op:
+            return c.Ireduce_scatter_block(send, recv, op=self._op(op))
+        c.Reduce_scatter_block(send, recv, op=self._op(op))
+
+    def _broadcast(self, tensor, src, async_op):
+        c, buf = self._comm, self._buf(tensor)
+        return c.Ibcast(buf, root=src) if async_op else c.Bcast(buf, root=src)
+
+    def _reduce(self, tensor, dst, op, output, async_op):
+        c, buf, root = self._comm, self._buf(tensor), self.rank == dst
+        if output is None:
+            send, recv = (self._MPI.IN_PLACE, buf) if root else (buf, None)
+        else:
+            send, recv = buf, (self._buf(output) if root else None)
+        if async_op:
+            return c.Ireduce(send, recv, op=self._op(op), root=dst)
+        c.Reduce(send, recv, op=self._op(op), root=dst)
+
+    def _all_to_all(self, output, input, async_op):
+        c, out = self._comm, self._buf(output)
+        send = self._MPI.IN_PLACE if input.data_ptr() == output.data_ptr() else self._buf(input)
+        return c.Ialltoall(send, out) if async_op else c.Alltoall(send, out)
+
+    def _send(self, tensor, dst, async_op):
+        c, buf = self._comm, self._buf(tensor)
+        return c.Isend(buf, dest=dst) if async_op else c.Send(buf, dest=dst)
+
+    def _recv(self, tensor, src, async_op):
+        c, buf = self._comm, self._buf(tensor)
+        return c.Irecv(buf, source=src) if async_op else c.Recv(buf, source=src)
+
+    def _sendrecv(self, send_tensor, recv_tensor, dst, src, async_op):
+        c, send, recv = self._comm, self._buf(send_tensor), self._buf(recv_tensor)
+        if async_op:
+            return [c.Irecv(recv, source=src), c.Isend(send, dest=dst)]
+        c.Sendrecv(send, dest=dst, recvbuf=recv, source=src)
+
+    def _barrier(self):
+        self._comm.Barrier()
+
+    def _wait(self, work) -> None:
+        if isinstance(work, list):
+            self._MPI.Request.Waitall(work)
+        else:
+            work.Wait()
+
+    # ---- control plane ------------------------------------------------------------------------
+    def _gather_object(self, obj, dst):
+        return self._comm.gather(obj, root=dst)
+
+    def _broadcast_object(self, obj, src):
+        return self._comm.bcast(obj, root=src)
+
+    def _control_barrier(self) -> None:
+        self._comm.Barrier()
+
+    def new_group(self, ranks: list[int]) -> "MpiComm | None":
+        me = self.rank
+        color = 0 if me in ranks else self._MPI.UNDEFINED
+        sub = self._comm.Split(color, ranks.index(me) if me in ranks else 0)
+        if sub == self._MPI.COMM_NULL:
+            return None
+        return MpiComm(comm=sub, clock=self.clock, recorder=self.recorder)

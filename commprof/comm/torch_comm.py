@@ -1,0 +1,159 @@
+"""Comm over torch.distributed: gloo on CPU, NCCL on GPU.
+
+Synchronous NCCL ops are ordered on the current stream, so the CUDA events the clock records there
+bracket the op exactly. Object exchange (results, host names) uses a separate gloo group so it never
+touches the GPU or the timed stream. Exercised by: `pytest tests/test_comm.py -k gloo`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from commprof.comm.base import Comm
+from commprof.comm.dtypes import dtype_name
+from commprof.errors import UnsupportedError
+
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG,
+}
+
+# torch.distributed's own API offers only these modes.
+_NO_OUT_OF_PLACE = {"all_reduce", "broadcast", "reduce"}
+_NO_IN_PLACE = {"all_to_all", "sendrecv"}
+REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
+
+
+def unsupported(backend: str, collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
+    """Why torch.distributed on `backend` cannot run this, or None."""
+    if not inplace and collective in _NO_OUT_OF_PLACE:
+        return f"torch.distributed has no out-of-place {collective}"
+    if inplace and collective in _NO_IN_PLACE:
+        return f"torch.distributed has no in-place {collective}"
+    if (backend == "gloo" and collective in REDUCING and op == "avg"
+            and not dtype.is_floating_point):
+        return f"gloo has no avg reduction for {dtype_name(dtype)}"
+    return None
+
+
+class TorchComm(Comm):
+    """torch.distributed process group (global or a subgroup) behind the Comm interface."""
+
+    def __init__(self, *, backend: str, group, ranks: list[int], control_group, device, clock,
+                 recorder=None) -> None:
+        me = dist.get_rank()
+        super().__init__(rank=ranks.index(me), world_size=len(ranks), device=device, clock=clock,
+                         recorder=recorder)
+        self.backend = backend
+        self._group = group
+        self._ranks = ranks
+        self._control = control_group
+
+    @classmethod
+    def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
+             timeout_s: float, device: torch.device, clock) -> "TorchComm":
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
+        control = dist.new_group(backend="gloo") if backend != "gloo" else None
+        return cls(backend=backend, group=None, ranks=list(range(world_size)), control_group=control,
+                   device=device, clock=clock)
+
+    def _peer(self, r: int) -> int:
+        return self._ranks[r]
+
+    # ---- data plane ---------------------------------------------------------------------------
+    def _all_reduce(self, tensor, op, output, async_op):
+        if output is not None:
+            raise UnsupportedError("torch.distributed has no out-of-place all_reduce")
+        return dist.all_reduce(tensor, op=_OPS[op], group=self._group, async_op=async_op)
+
+    def _all_gather(self, output, input, async_op):
+        return dist.all_gather_into_tensor(output, input, group=self._group, async_op=async_op)
+
+    def _reduce_scatter(self, output, input, op, async_op):
+        return dist.reduce_scatter_tensor(output, input, op=_OPS[op], group=self._group, async_op=async_op)
+
+    def _broadcast(self, tensor, src, async_op):
+        return dist.broadcast(tensor, src=self._peer(src), group=self._group, async_op=async_op)
+
+    def _reduce(self, tensor, dst, op, output, async_op):
+        if output is not None:
+            raise UnsupportedError("torch.distributed has no out-of-place reduce")
+        return dist.reduce(tensor, dst=self._peer(dst), op=_OPS[op], group=self._group, async_op=async_op)
+
+    def _all_to_all(self, output, input, async_op):
+        return dist.all_to_all_single(output, input, group=self._group, async_op=async_op)
+
+    def _send(self, tensor, dst, async_op):
+        if async_op:
+            return dist.isend(tensor, dst=self._peer(dst), group=self._group)
+        dist.send(tensor, dst=self._peer(dst), group=self._group)
+
+    def _recv(self, tensor, src, async_op):
+        if async_op:
+            return dist.irecv(tensor, src=self._peer(src), group=self._group)
+        dist.recv(tensor, src=self._peer(src), group=self._group)
+
+    def _sendrecv(self, send_tensor, recv_tensor, dst, src, async_op):
+        if dst == self.rank and src == self.rank:
+            # torch refuses a p2p op to oneself; NCCL does the same exchange as a local copy.
+            recv_tensor.copy_(send_tensor)
+            return [] if async_op else None
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, send_tensor, self._peer(dst), self._group),
+            dist.P2POp(dist.irecv, recv_tensor, self._peer(src), self._group),
+        ])
+        if async_op:
+            return works
+        for work in works:
+            work.wait()
+
+    def _barrier(self):
+        dist.barrier(group=self._group)
+
+    def _wait(self, work) -> None:
+        for w in work if isinstance(work, list) else (work,):
+            w.wait()
+
+    def _watch_completion(self, work, done) -> None:
+        if isinstance(work, list) or self.device.type == "cuda":
+            return  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
+        work.get_future().add_done_callback(lambda _: done(time.perf_counter_ns()))
+
+    # ---- control plane ------------------------------------------------------------------------
+    def _gather_object(self, obj, dst):
+        group = self._control if self._control is not None else self._group
+        out = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, out, dst=self._peer(dst), group=group)
+        return out
+
+    def _broadcast_object(self, obj, src):
+        group = self._control if self._control is not None else self._group
+        box = [obj]
+        dist.broadcast_object_list(box, src=self._peer(src), group=group)
+        return box[0]
+
+    def _control_barrier(self) -> None:
+        group = self._control if self._control is not None else self._group
+        dist.barrier(group=group)
+
+    def new_group(self, ranks: list[int]) -> "TorchComm | None":
+        members = [self._peer(r) for r in ranks]
+        group = dist.new_group(members)
+        control = dist.new_group(members, backend="gloo") if self.backend != "gloo" else None
+        if dist.get_rank() not in members:
+            return None
+        return TorchComm(backend=self.backend, group=group, ranks=members, control_group=control,
+                         device=self.device, clock=self.clock, recorder=self.recorder)
+
+    def close(self) -> None:
+        if self._group is None and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,57 @@
+"""The log of every op that crossed ranks: name, payload bytes, group size and its two time stamps.
+
+`Comm` appends one plain tuple per completed op — (name, nbytes, group_size, start, end, elapsed_ns) —
+and appending is the whole hot-path cost; durations and byte counts are computed when read.
+Exercised by: `pytest tests/test_comm.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+
+class OpRecord(NamedTuple):
+    """One completed communication op."""
+
+    name: str
+    """Comm method, e.g. 'all_reduce'."""
+    nbytes: int
+    """Payload bytes in nccl-tests' size convention."""
+    group_size: int
+    """Ranks in the group the op ran on."""
+    duration_ns: int
+    """Issue to completion."""
+
+
+class OpRecorder:
+    """Append-only op log with marks, so a caller can read back exactly the ops it issued."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.ops: list[tuple] = []
+        """(name, nbytes, group_size, start, end, elapsed_ns) per completed op, in completion order."""
+        self.waits: list[tuple] = []
+        """(name, start_ns, end_ns) per Handle.wait: time the caller was blocked on comm."""
+
+    def mark(self) -> int:
+        """Position to pass to `records(since=…)` later."""
+        return len(self.ops)
+
+    def records(self, since: int = 0) -> list[OpRecord]:
+        return [OpRecord(name, nbytes, n, elapsed(start, end))
+                for name, nbytes, n, start, end, elapsed in self.ops[since:]]
+
+    def durations_ns(self, since: int = 0) -> list[int]:
+        return [op.duration_ns for op in self.records(since)]
+
+    def bytes_by_op(self, since: int = 0) -> Counter:
+        """Payload bytes per op name."""
+        total: Counter = Counter()
+        for name, nbytes, *_ in self.ops[since:]:
+            total[name] += nbytes
+        return total
+
+    def clear(self) -> None:
+        self.ops.clear()
+        self.waits.clear()

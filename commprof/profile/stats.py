@@ -1,0 +1,46 @@
+"""Statistics over per-rank, per-iteration op times, and nccl-tests' bandwidths.
+
+time_us (the reported time) = agg over ranks of each rank's mean over iterations, agg = avg|min|max (-a).
+p50/p99/min/max are over iterations of the per-iteration agg across ranks.
+algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
+Exercised by: `pytest tests/test_stats.py`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+AGGS = {"avg": np.mean, "min": np.min, "max": np.max}
+
+
+def summarize(times_ns: list[list[int]], agg: str = "avg") -> dict:
+    """times_ns[rank][iteration] -> the record's timing fields (µs)."""
+    arr = np.asarray(times_ns, dtype=np.float64) / 1e3
+    fn = AGGS[agg]
+    rank_mean = arr.mean(axis=1)
+    per_iter = fn(arr, axis=0)
+    return {
+        "time_us": float(fn(rank_mean)),
+        "time_us_min_rank": float(rank_mean.min()),
+        "time_us_max_rank": float(rank_mean.max()),
+        "slowest_rank": int(rank_mean.argmax()),
+        "skew_us": float(rank_mean.max() - rank_mean.min()),
+        "mean_us": float(per_iter.mean()),
+        "p50_us": float(np.percentile(per_iter, 50)),
+        "p99_us": float(np.percentile(per_iter, 99)),
+        "min_us": float(per_iter.min()),
+        "max_us": float(per_iter.max()),
+        "per_rank": [
+            {"rank": r, "mean_us": float(row.mean()), "p50_us": float(np.percentile(row, 50)),
+             "p99_us": float(np.percentile(row, 99)), "min_us": float(row.min()), "max_us": float(row.max())}
+            for r, row in enumerate(arr)
+        ],
+    }
+
+
+def bandwidths(nbytes: int, time_us: float, bus_factor: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes per second)."""
+    if nbytes == 0 or time_us <= 0:
+        return 0.0, 0.0
+    algbw = nbytes / (time_us * 1e3)
+    return algbw, algbw * bus_factor

@@ -1,0 +1,66 @@
+"""The `env` object of every report: versions, backend, world size, hosts, devices, oversubscription.
+
+`local_env()` runs on each rank; rank 0 merges the gathered pieces with `merge_env()`.
+Exercised by: `pytest tests/test_bench_cli.py`.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from importlib import metadata
+
+import torch
+
+from commprof import __version__
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def local_env(device: torch.device) -> dict:
+    """What this rank can say about itself."""
+    if device.type == "cuda":
+        name = f"{device} {torch.cuda.get_device_name(device)}"
+    else:
+        name = f"cpu {platform.processor() or platform.machine()}"
+    return {"host": socket.gethostname(), "device": name}
+
+
+def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_size: int,
+              slots: int, oversubscribed: bool, launcher: str, clock: str, argv: list[str]) -> dict:
+    """The report's `env` from every rank's `local_env()`."""
+    env = {
+        "commprof": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "numpy": _version("numpy"),
+        "rich": _version("rich"),
+        "nvtx": _version("nvtx"),
+        "mpi4py": _version("mpi4py"),
+        "backend": backend,
+        "world_size": world_size,
+        "ranks_per_host": local_world_size,
+        "slots_per_host": slots,
+        "oversubscribed": oversubscribed,
+        "launcher": launcher,
+        "clock": clock,
+        "hosts": sorted({p["host"] for p in pieces}),
+        "devices": [p["device"] for p in pieces],
+        "command": argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if backend == "nccl":
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        env["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+    return env

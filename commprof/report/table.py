@@ -1,0 +1,83 @@
+"""Rich rendering of bench results: nccl-tests' columns, out-of-place then in-place, one table per
+collective, and a header that names the backend, the ranks and any oversubscription.
+
+Rendering only: it reads records, never measures. Exercised by: `commprof bench --nproc 2 -e 64K`.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+
+
+def header(env: dict) -> Text:
+    """Lines above the tables: what ran where, and a warning when ranks share cores or GPUs."""
+    hosts = env["hosts"]
+    text = Text()
+    text.append(f"commprof bench · backend {env['backend']} · {env['world_size']} rank(s) on "
+                f"{len(hosts)} host(s) ({', '.join(hosts)}) · {env['clock']} timing · "
+                f"torch {env['torch']}", style="bold")
+    devices = sorted(set(env["devices"]))
+    text.append(f"\ndevices: {', '.join(devices)}")
+    if env.get("mpi_library"):
+        text.append(f"\nMPI: {env['mpi_library']}")
+    if env["oversubscribed"]:
+        unit = "GPUs" if env["backend"] == "nccl" else "cores"
+        text.append(f"\nOVERSUBSCRIBED: {env['ranks_per_host']} ranks share {env['slots_per_host']} {unit} "
+                    "per host; times include OS scheduling, not only the fabric.", style="bold red")
+    return text
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _wrong(rec: dict | None) -> Text:
+    if rec is None:
+        return Text("n/a", style="dim")
+    if rec["wrong"] is None:
+        return Text("N/A", style="dim")
+    return Text(str(rec["wrong"]), style="bold red" if rec["wrong"] else "green")
+
+
+def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> Table:
+    """One table for one collective; records of both modes, in measurement order."""
+    rows: dict[tuple, dict[bool, dict]] = {}
+    for rec in records:
+        rows.setdefault((rec["dtype"], rec["redop"], rec["nbytes"]), {})[rec["inplace"]] = rec
+    first = records[0]
+    table = Table(title=f"{collective} · {first['backend']} · {first['world_size']} rank(s) · "
+                        f"time = {first['agg']} over ranks of the mean of {first['iters']} iterations",
+                  caption="\n".join(notes) or None, caption_justify="left", header_style="bold")
+    barrier = collective == "barrier"
+    if not barrier:
+        for name in ("size (B)", "count", "type", "redop", "root"):
+            table.add_column(name, justify="right" if name != "type" else "left")
+    for group, inplace in (("out-of-place", False), ("in-place", True)) if not barrier else (("", False),):
+        table.add_column(f"{group}\ntime (us)", justify="right")
+        if not barrier:
+            for name in ("algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+                table.add_column(f"\n{name}", justify="right")
+    table.add_column("\np99 (us)", justify="right")
+    table.add_column("slowest\nrank", justify="right")
+    for (dtype, op, nbytes), by_mode in rows.items():
+        ref = by_mode.get(False) or by_mode[True]
+        cells: list = []
+        if not barrier:
+            root = "" if ref["root"] is None else str(ref["root"])
+            cells += [str(nbytes), str(ref["count"]), dtype, op or "none", root]
+        for inplace in (False, True) if not barrier else (False,):
+            rec = by_mode.get(inplace)
+            cells.append(_num(rec and rec["time_us"]))
+            if not barrier:
+                cells += [_num(rec and rec["algbw_GBps"]), _num(rec and rec["busbw_GBps"]), _wrong(rec)]
+        cells += [_num(ref["p99_us"]), str(ref["slowest_rank"])]
+        table.add_row(*cells)
+    return table
+
+
+def avg_busbw(records: list[dict]) -> float:
+    """nccl-tests' closing figure: the mean busbw over every measured row and mode."""
+    values = [r["busbw_GBps"] for r in records if r["nbytes"]]
+    return sum(values) / len(values) if values else 0.0

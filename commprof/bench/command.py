@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 from rich.console import Console
@@ -128,6 +129,8 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
             slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
             argv=["commprof", *args.argv])
         the_plan = plan(cfg, comm.world_size)
+        if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
+            time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
         if world.rank == 0:
             sink = _Sink(cfg, env, args, the_plan)
             sweep(comm, cfg, the_plan, sink.add)

@@ -126,7 +126,11 @@ class TorchComm(Comm):
     def _watch_completion(self, work, done) -> None:
         if isinstance(work, list) or self.device.type == "cuda":
             return  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
-        work.get_future().add_done_callback(lambda _: done(time.perf_counter_ns()))
+        try:
+            future = work.get_future()
+        except RuntimeError:  # some gloo works have no future: completion is seen at wait()
+            return
+        future.add_done_callback(lambda _: done(time.perf_counter_ns()))
 
     # ---- control plane ------------------------------------------------------------------------
     def _gather_object(self, obj, dst):

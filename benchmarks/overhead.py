@@ -9,8 +9,8 @@ For all_reduce (in place, float32, sum) at 8 B, 64 KiB and 16 MiB on 2 ranks, ov
              reported times, then the same Case's `run()` N times under one wall clock, whose
              per-op times are read back from comm.recorder as measure() reads them;
 
-each phase after a barrier. Per round, values are averaged over ranks; the table shows medians over
-rounds.
+each phase after a barrier, the order flipping every round. Per round, values are averaged over
+ranks; the table shows medians over rounds.
 
     python benchmarks/overhead.py [--backend gloo|mpi|both] [--rounds 7] [--iters 2000] [--json PATH]
 
@@ -38,7 +38,6 @@ from pathlib import Path
 SIZES = (8, 64 << 10, 16 << 20)
 BASE_ITERS = {8: 2000, 64 << 10: 300, 16 << 20: 20}
 """Iterations per round at --iters 2000; --iters scales all of them alike."""
-MIN_ITERS = 5
 NPROC = 2
 RATIO_TARGET = 1.05
 EXTRA_TARGET_US = 3.0
@@ -48,7 +47,7 @@ WORKER_TIMEOUT_S = 900
 
 
 def iters_for(size: int, iters: int) -> int:
-    return max(MIN_ITERS, round(BASE_ITERS[size] * iters / BASE_ITERS[8]))
+    return max(5, round(BASE_ITERS[size] * iters / BASE_ITERS[8]))
 
 
 # ---- the two loops being compared ------------------------------------------------------------
@@ -98,8 +97,7 @@ def measure_size(comm, backend: str, size: int, n: int, rounds: int) -> list[dic
     from commprof.bench.config import BenchConfig
     from commprof.bench.runner import measure, plan
 
-    cfg = BenchConfig(collectives=("all_reduce",), backend=backend, min_bytes=size, max_bytes=size,
-                      iters=n, check=False)
+    cfg = BenchConfig(("all_reduce",), backend, min_bytes=size, max_bytes=size, iters=n, check=False)
     point = plan(cfg, comm.world_size).points[0]
     case = point.collective.prepare(comm, point.count, torch.float32, "sum", True, cfg.root)
     if backend == "mpi":
@@ -108,19 +106,25 @@ def measure_size(comm, backend: str, size: int, n: int, rounds: int) -> list[dic
         minimal, buf = minimal_gloo, torch.zeros(point.count, dtype=torch.float32)
     minimal(buf, min(n, 50))  # warm both paths up: first touch, connections, caches
     commprof_loop(comm, case, min(n, 50))
-    out = []
-    for _ in range(rounds):
-        comm.control_barrier()
-        min_times, min_wall = minimal(buf, n)
-        comm.control_barrier()
-        reported, _ = measure(comm, cfg, point, True)  # barriers itself, after its warmup
-        comm.control_barrier()
-        loop_times, loop_wall = commprof_loop(comm, case, n)
-        out.append({"minimal_mean_us": statistics.fmean(min_times) / 1e3,
-                    "commprof_mean_us": statistics.fmean(reported) / 1e3,
-                    "minimal_wall_us": min_wall / n / 1e3,
-                    "commprof_wall_us": loop_wall / n / 1e3,
-                    "commprof_loop_mean_us": statistics.fmean(loop_times) / 1e3})
+
+    def minimal_phase():
+        times, wall = minimal(buf, n)
+        return {"minimal_mean_us": statistics.fmean(times) / 1e3, "minimal_wall_us": wall / n / 1e3}
+
+    def measure_phase():  # reported times, exactly as `commprof bench` gets them
+        return {"commprof_mean_us": statistics.fmean(measure(comm, cfg, point, True)[0]) / 1e3}
+
+    def loop_phase():
+        times, wall = commprof_loop(comm, case, n)
+        return {"commprof_wall_us": wall / n / 1e3, "commprof_loop_mean_us": statistics.fmean(times) / 1e3}
+
+    out, phases = [], (minimal_phase, measure_phase, loop_phase)
+    for i in range(rounds):  # order flips every round so neither side always goes first
+        row = {}
+        for phase in phases if i % 2 == 0 else phases[::-1]:
+            comm.control_barrier()
+            row.update(phase())
+        out.append(row)
     return out
 
 
@@ -192,10 +196,8 @@ def wait_all(procs: list[subprocess.Popen]) -> bool:
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     while any(p.poll() is None for p in procs):
         if any(p.returncode for p in procs) or time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            for p in (p for p in procs if p.poll() is None):
+                p.kill(), p.wait()
             return False
         time.sleep(0.1)
     return all(p.returncode == 0 for p in procs)
@@ -220,8 +222,7 @@ def print_table(rows: list[dict], rounds: int) -> None:
                       f"{r['minimal_wall_us']:.2f}", f"{r['commprof_wall_us']:.2f}", f"{r['ratio_b']:.3f}",
                       f"{r['extra_a_us']:+.2f}", f"{r['extra_b_us']:+.2f}",
                       f"{r['verdict']} ({r['target']})")
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    console.print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 
 from commprof import __version__
-from commprof.errors import CommprofError
+from commprof.errors import CommprofError, UnsupportedError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     who = f"rank {rank}: " if rank is not None else ""
     try:
         return args.func(args)
-    except CommprofError as exc:
-        _say(f"{exc}", rank)
+    except (UsageError, UnsupportedError) as exc:
+        _say(f"{exc}", rank)  # the same on every rank: rank 0 says it
         return exc.exit_code
+    except CommprofError as exc:
+        _say(f"{exc}", None)  # rank-specific: already names the rank
+        _exit_now(exc.exit_code)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a backend failure (peer gone, timeout inside gloo, …)
@@ -50,11 +53,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         _say(f"{who}{type(exc).__name__}: {first[:300]}", None)
-        return 1
+        _exit_now(1)
 
 
 def _say(message: str, rank: str | None) -> None:
-    # Input errors are the same on every rank: only rank 0 says so.
     if rank in (None, "0"):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
+
+
+def _exit_now(code: int) -> None:
+    """Exit without running a broken process group's destructors (gloo aborts in them after a failure)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

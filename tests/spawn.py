@@ -16,11 +16,11 @@ TIMEOUT_S = 180
 
 
 def env_for_tests(**extra: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-    env.pop("COMMPROF_DEBUG", None)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for key in ("COMMPROF_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT"):
         env.pop(key, None)
-    return env
+    return {**env, **extra}
 
 
 def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = None,

@@ -26,6 +26,8 @@ class Case:
     run: Callable[[], None]
     init: Callable[[], None]
     wrong: Callable[[], int]
+    output: torch.Tensor | None = None
+    """The buffer `wrong` checks."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def prepare_all_reduce(comm, count, dtype, op, inplace, root):
     expected = data.reduce_expected(op, n, count)
     return Case(run=partial(comm.all_reduce, src, op=op, output=out),
                 init=lambda: _fill(src, data.reduce_input(op, comm.rank, n, count)),
-                wrong=lambda: data.count_wrong(src if inplace else out, expected, n=n, approx=op == "avg"))
+                wrong=lambda: data.count_wrong(src if inplace else out, expected, n=n, approx=op == "avg"),
+                output=src if inplace else out)
 
 
 def prepare_all_gather(comm, count, dtype, op, inplace, root):
@@ -64,7 +67,7 @@ def prepare_all_gather(comm, count, dtype, op, inplace, root):
         _fill(inp, data.pattern(r, chunk))
 
     return Case(run=partial(comm.all_gather, out, inp), init=init,
-                wrong=lambda: data.count_wrong(out, expected, n=n, approx=False))
+                wrong=lambda: data.count_wrong(out, expected, n=n, approx=False), output=out)
 
 
 def prepare_reduce_scatter(comm, count, dtype, op, inplace, root):
@@ -74,7 +77,7 @@ def prepare_reduce_scatter(comm, count, dtype, op, inplace, root):
     expected = data.reduce_expected(op, n, chunk, offset=r * chunk)
     return Case(run=partial(comm.reduce_scatter, out, inp, op=op),
                 init=lambda: _fill(inp, data.reduce_input(op, r, n, count)),
-                wrong=lambda: data.count_wrong(out, expected, n=n, approx=op == "avg"))
+                wrong=lambda: data.count_wrong(out, expected, n=n, approx=op == "avg"), output=out)
 
 
 def prepare_broadcast(comm, count, dtype, op, inplace, root):
@@ -88,7 +91,7 @@ def prepare_broadcast(comm, count, dtype, op, inplace, root):
             buf.fill_(data.SENTINEL)
 
     return Case(run=partial(comm.broadcast, buf, src=root), init=init,
-                wrong=lambda: data.count_wrong(buf, expected, n=comm.world_size, approx=False))
+                wrong=lambda: data.count_wrong(buf, expected, n=comm.world_size, approx=False), output=buf)
 
 
 def prepare_reduce(comm, count, dtype, op, inplace, root):
@@ -103,7 +106,8 @@ def prepare_reduce(comm, count, dtype, op, inplace, root):
         return data.count_wrong(src if inplace else out, expected, n=n, approx=op == "avg")
 
     return Case(run=partial(comm.reduce, src, dst=root, op=op, output=out),
-                init=lambda: _fill(src, data.reduce_input(op, r, n, count)), wrong=wrong)
+                init=lambda: _fill(src, data.reduce_input(op, r, n, count)), wrong=wrong,
+                output=src if inplace else out)
 
 
 def prepare_all_to_all(comm, count, dtype, op, inplace, root):
@@ -113,7 +117,7 @@ def prepare_all_to_all(comm, count, dtype, op, inplace, root):
     expected = data.all_to_all_expected(r, n, chunk)
     return Case(run=partial(comm.all_to_all, out, inp),
                 init=lambda: _fill(inp, data.all_to_all_input(r, n, chunk)),
-                wrong=lambda: data.count_wrong(out, expected, n=n, approx=False))
+                wrong=lambda: data.count_wrong(out, expected, n=n, approx=False), output=out)
 
 
 def prepare_sendrecv(comm, count, dtype, op, inplace, root):
@@ -127,7 +131,7 @@ def prepare_sendrecv(comm, count, dtype, op, inplace, root):
         recv.fill_(data.SENTINEL)
 
     return Case(run=partial(comm.sendrecv, send, recv, dst=(r + 1) % n, src=(r - 1) % n), init=init,
-                wrong=lambda: data.count_wrong(recv, expected, n=n, approx=False))
+                wrong=lambda: data.count_wrong(recv, expected, n=n, approx=False), output=recv)
 
 
 def prepare_barrier(comm, count, dtype, op, inplace, root):

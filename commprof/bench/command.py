@@ -66,6 +66,8 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
         if name not in COLLECTIVES:
             raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
     backend = args.backend or default_backend()
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
     for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0)):
         if value < low:
             raise UsageError(f"{flag} {value} must be at least {low}")

@@ -16,7 +16,7 @@ import torch
 
 from commprof.comm import mpi_comm, torch_comm
 from commprof.comm.base import Comm, Handle
-from commprof.errors import UsageError
+from commprof.errors import PeerTimeoutError, UsageError
 from commprof.profile.clock import CpuClock, CudaClock
 from commprof.world import World, usable_cores
 
@@ -65,7 +65,9 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
     if backend == "mpi":
-        return _init_mpi(world, oversubscribed)
+        comm = _init_mpi(world, oversubscribed)
+        comm.timeout_s = timeout_s
+        return comm
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
@@ -75,8 +77,15 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
     else:
         device, clock = torch.device("cpu"), CpuClock()
     addr, port = _rendezvous(world)
-    return torch_comm.TorchComm.init(backend=backend, rank=world.rank, world_size=world.world_size,
-                                     addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
+    try:
+        comm = torch_comm.TorchComm.init(backend=backend, rank=world.rank, world_size=world.world_size,
+                                         addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
+    except (RuntimeError, ValueError) as exc:  # DistStoreError and friends: peers never arrived
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
+                               f"failed within {timeout_s:g} s (--timeout): {first}") from None
+    comm.timeout_s = timeout_s
+    return comm
 
 
 def import_mpi():

@@ -23,6 +23,7 @@ import nvtx
 import torch
 
 from commprof.comm.dtypes import dtype_name
+from commprof.errors import CommprofError, PeerTimeoutError
 from commprof.profile.recorder import OpRecorder
 from commprof.report.units import format_bytes
 
@@ -50,6 +51,8 @@ class Comm:
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
         self.busy_seq = 0
+        self.timeout_s: float | None = None
+        """The --timeout the backend was initialised with, for error messages."""
 
     # ---- data plane -------------------------------------------------------------------------
     def all_reduce(self, tensor, *, op: str = "sum", output=None, async_op: bool = False):
@@ -116,11 +119,28 @@ class Comm:
             if async_op:
                 return Handle(self, name, nbytes, work)
             end = self._now()
+        except CommprofError:
+            raise
+        except Exception as exc:  # the backend's own words, as one line that names the op
+            raise self.failure(name, exc) from exc
         finally:
             self.busy = None
             self._domain.pop_range()
         self._log((name, nbytes, self.world_size, start, end, self._elapsed))
         return None
+
+    def failure(self, name: str, exc: BaseException) -> CommprofError:
+        """A backend exception as one clear error: a timeout, a vanished peer, or the first line."""
+        text = str(exc).strip()
+        first = text.splitlines()[0][:240] if text else type(exc).__name__
+        lower = text.lower()
+        if "timed out" in lower or "timeout" in lower:
+            limit = f" within {self.timeout_s:g} s (--timeout)" if self.timeout_s else ""
+            return PeerTimeoutError(f"rank {self.rank}: {name} did not complete{limit}: "
+                                    "a peer rank stalled or died")
+        if "connection reset" in lower or "connection closed" in lower or "broken pipe" in lower:
+            return CommprofError(f"rank {self.rank}: {name} failed: a peer rank exited ({first})")
+        return CommprofError(f"rank {self.rank}: {name} failed: {first}")
 
     def _label(self, name: str, nbytes: int, dtype, category: str = "comm"):
         size = f" {format_bytes(nbytes)}" if dtype is not None else ""
@@ -147,6 +167,10 @@ class Comm:
         self.busy = name
         try:
             return fn(*args)
+        except CommprofError:
+            raise
+        except Exception as exc:
+            raise self.failure(name, exc) from exc
         finally:
             self.busy = None
 

@@ -4,7 +4,8 @@ For all_reduce (in place, float32, sum) at 8 B, 64 KiB and 16 MiB on 2 ranks, ov
 (torch.distributed) and MPI (mpi4py), each size alternates R rounds of
 
   minimal    `t0 = perf_counter_ns(); op; times.append(perf_counter_ns() - t0)`, N times, calling
-             dist.all_reduce(tensor) or MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, ndarray) directly;
+             dist.all_reduce(tensor) or MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, ndarray) directly
+             (the ndarray views torch-allocated memory, so both sides reduce the same kind of pages);
   commprof   commprof.bench.runner.measure() — the code `commprof bench` times a size with — for the
              reported times, then the same Case's `run()` N times under one wall clock, whose
              per-op times are read back from comm.recorder as measure() reads them;
@@ -91,7 +92,6 @@ def commprof_loop(comm, case, n: int) -> tuple[list[int], int]:
 # ---- a worker: one rank of one backend ---------------------------------------------------------
 def measure_size(comm, backend: str, size: int, n: int, rounds: int) -> list[dict]:
     """This rank's numbers (µs) for one size, one dict per round."""
-    import numpy as np
     import torch
 
     from commprof.bench.config import BenchConfig
@@ -100,10 +100,10 @@ def measure_size(comm, backend: str, size: int, n: int, rounds: int) -> list[dic
     cfg = BenchConfig(("all_reduce",), backend, min_bytes=size, max_bytes=size, iters=n, check=False)
     point = plan(cfg, comm.world_size).points[0]
     case = point.collective.prepare(comm, point.count, torch.float32, "sum", True, cfg.root)
-    if backend == "mpi":
-        minimal, buf = minimal_mpi, np.zeros(point.count, dtype=np.float32)
-    else:
-        minimal, buf = minimal_gloo, torch.zeros(point.count, dtype=torch.float32)
+    buf = torch.zeros(point.count, dtype=torch.float32)
+    # MPI's minimal buffer is a plain ndarray over torch-allocated memory, like commprof's: np.zeros
+    # would madvise huge pages (torch does not), which alone makes 16 MiB ~40% faster here.
+    minimal, buf = (minimal_mpi, buf.numpy()) if backend == "mpi" else (minimal_gloo, buf)
     minimal(buf, min(n, 50))  # warm both paths up: first touch, connections, caches
     commprof_loop(comm, case, min(n, 50))
 

@@ -28,6 +28,7 @@ from commprof.profile.recorder import OpRecorder
 from commprof.report.units import format_bytes
 
 DOMAIN = "commprof"
+_MISSING = object()
 
 
 class Comm:
@@ -44,7 +45,6 @@ class Comm:
         self.clock = clock
         self.recorder = recorder if recorder is not None else OpRecorder(clock)
         self._now = clock.now
-        self._elapsed = clock.elapsed_ns
         self._log = self.recorder.ops.append
         self._domain = nvtx.get_domain(DOMAIN)
         self._labels: dict = {}
@@ -107,8 +107,8 @@ class Comm:
 
     # ---- the single place where ops are wrapped, timed and logged ---------------------------
     def _call(self, name: str, nbytes: int, dtype, async_op: bool, fn, *args):
-        attrs = self._labels.get((name, nbytes, dtype))
-        if attrs is None:
+        attrs = self._labels.get((name, nbytes, dtype), _MISSING)
+        if attrs is _MISSING:  # (with no NVTX tool attached, attributes are None: still cached)
             attrs = self._label(name, nbytes, dtype)
         self._domain.push_range(attrs)
         self.busy_seq += 1
@@ -126,7 +126,7 @@ class Comm:
         finally:
             self.busy = None
             self._domain.pop_range()
-        self._log((name, nbytes, self.world_size, start, end, self._elapsed))
+        self._log((name, nbytes, self.world_size, start, end, False))
         return None
 
     def failure(self, name: str, exc: BaseException) -> CommprofError:
@@ -221,12 +221,12 @@ class Handle:
                 return
             self._done = True
         comm = self._comm
-        comm._log((self._name, self._nbytes, comm.world_size, self._start, end_ns, _host_elapsed))
+        comm._log((self._name, self._nbytes, comm.world_size, self._start, end_ns, True))
 
     def wait(self) -> None:
         comm = self._comm
-        attrs = comm._labels.get(("wait " + self._name, 0, None))
-        if attrs is None:
+        attrs = comm._labels.get(("wait " + self._name, 0, None), _MISSING)
+        if attrs is _MISSING:
             attrs = comm._label("wait " + self._name, 0, None, category="wait")
         comm._domain.push_range(attrs)
         comm.busy_seq += 1
@@ -240,7 +240,3 @@ class Handle:
             comm._domain.pop_range()
         comm.recorder.waits.append((self._name, start, end))
         self._finish(end)
-
-
-def _host_elapsed(start: int, end: int) -> int:
-    return end - start

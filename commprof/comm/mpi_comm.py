@@ -150,6 +150,10 @@ class MpiComm(Comm):
     def _control_barrier(self) -> None:
         self._comm.Barrier()
 
+    def close(self) -> None:
+        # NumPy views that outlive the interpreter's teardown of torch abort the process at exit.
+        self._views.clear()
+
     def new_group(self, ranks: list[int]) -> "MpiComm | None":
         me = self.rank
         color = 0 if me in ranks else self._MPI.UNDEFINED

@@ -23,7 +23,7 @@ from commprof import launch
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.bench.runner import MODES, plan, sweep
-from commprof.comm import BACKENDS, default_backend, init_comm, slots, unsupported
+from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots, unsupported
 from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import UsageError
@@ -66,8 +66,8 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
         if name not in COLLECTIVES:
             raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
     backend = args.backend or default_backend()
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
+    if backend == "nccl":
+        require_cuda()
     for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0)):
         if value < low:
             raise UsageError(f"{flag} {value} must be at least {low}")

@@ -31,7 +31,7 @@ YIELD_ENV = {
 }
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
-           "slots", "free_port"]
+           "slots", "free_port", "require_cuda"]
 
 
 def default_backend() -> str:
@@ -53,6 +53,12 @@ def unsupported(backend: str, collective: str, dtype: torch.dtype, op: str | Non
     return torch_comm.unsupported(backend, collective, dtype, op, inplace)
 
 
+def require_cuda() -> None:
+    """NCCL needs a GPU: say so before any rank starts."""
+    if not torch.cuda.is_available():
+        raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -69,8 +75,7 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
         comm.timeout_s = timeout_s
         return comm
     if backend == "nccl":
-        if not torch.cuda.is_available():
-            raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
+        require_cuda()
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         clock = CudaClock()

@@ -1,6 +1,7 @@
 """The `commprof` command: registers subcommands and turns every failure into one line on stderr.
 
     commprof bench --help
+    commprof run --help
 
 Exit codes: 0 success, 1 wrong results or a backend failure, 2 bad input or an unsupported request,
 3 a rank that did not answer within --timeout, 130 interrupted. COMMPROF_DEBUG=1 shows tracebacks.
@@ -24,11 +25,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from commprof.bench import command as bench
+    from commprof.run import command as run
 
     parser = _Parser(prog="commprof", description="Low-level communication profiler for distributed training.")
     parser.add_argument("--version", action="version", version=f"commprof {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench.add_parser(subparsers)
+    run.add_parser(subparsers)
     return parser
 
 

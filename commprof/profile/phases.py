@@ -1,0 +1,150 @@
+"""The phase recorder: spans of one training iteration, and its split into compute and communication.
+
+A strategy wraps each phase of an iteration in `phases.phase("forward")` (also "data", "backward",
+"step", …); every phase is an NVTX range (domain `commprof`, category `compute`, or `data` for the
+input pipeline) and a pair of clock stamps. The comm spans come from the Comm op log (issue →
+completion, one place), and the blocked spans from it too: a synchronous op blocks the training
+thread for its whole duration, an async op only inside `Handle.wait()`.
+
+Per iteration (DESIGN.md's measurement model):
+    compute  = |union of compute phases − blocked time|   (a blocking op inside a phase is not compute)
+    comm     = |union of comm spans|
+    overlap  = |compute ∩ comm|
+    exposed  = |union of blocked spans|                    (time the training thread waited on comm)
+    overlap% = overlap / comm
+
+Exercised by: `pytest tests/test_phases.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import nvtx
+
+from commprof.comm.base import DOMAIN
+
+COMPUTE = ("forward", "backward", "step", "recompute")
+"""Phases whose time is computation; "data" is timed and reported on its own."""
+
+
+class Breakdown(NamedTuple):
+    """One rank's iteration, in nanoseconds."""
+
+    wall_ns: int
+    data_ns: int
+    compute_ns: int
+    comm_ns: int
+    overlap_ns: int
+    exposed_comm_ns: int
+
+
+def union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged intervals."""
+    out: list[list[int]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def length(spans: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in spans)
+
+
+def intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Intersection of two merged interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Parts of merged intervals `a` outside merged intervals `b`."""
+    out = []
+    for start, end in a:
+        cur = start
+        for lo, hi in b:
+            if hi <= cur or lo >= end:
+                continue
+            if lo > cur:
+                out.append((cur, lo))
+            cur = max(cur, hi)
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: list[tuple],
+              waits: list[tuple]) -> Breakdown:
+    """Split one iteration [start, end] given its phases, comm op log entries and waits (host ns)."""
+    comm = union([(op[3], op[4]) for op in ops])
+    blocked = union([(op[3], op[4]) for op in ops if not op[5]] + [(w[1], w[2]) for w in waits])
+    compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
+    data = union([(a, b) for name, a, b in phases if name == "data"])
+    return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
+                     comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
+                     exposed_comm_ns=length(blocked))
+
+
+class Phases:
+    """Records the phases of each iteration and splits it once the iteration has ended."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+        """The Comm's OpRecorder: the op log and waits this iteration is split against."""
+        self.spans: list[tuple[str, int, int]] = []
+        self._domain = nvtx.get_domain(DOMAIN)
+        self._attrs: dict = {}
+        self._start = 0
+        self._op_mark = 0
+        self._wait_mark = 0
+        self._iter_range = None
+
+    def _label(self, name: str, category: str):
+        attrs = self._attrs.get(name)
+        if attrs is None:
+            attrs = self._attrs[name] = self._domain.get_event_attributes(message=name, category=category)
+        return attrs
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time `name` and wrap it in an NVTX range."""
+        self._domain.push_range(self._label(name, "data" if name == "data" else "compute"))
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.spans.append((name, start, time.perf_counter_ns()))
+            self._domain.pop_range()
+
+    def begin(self, index: int) -> None:
+        """Start iteration `index` (an NVTX range of category `iteration` around all of it)."""
+        self.spans = []
+        self._op_mark = len(self.recorder.ops)
+        self._wait_mark = len(self.recorder.waits)
+        self._domain.push_range(self._label(f"iteration {index}", "iteration"))
+        self._start = time.perf_counter_ns()
+
+    def end(self) -> Breakdown:
+        """End the iteration; every async op must have completed (its Handle waited on)."""
+        end = time.perf_counter_ns()
+        self._domain.pop_range()
+        ops = self.recorder.ops[self._op_mark:]
+        waits = self.recorder.waits[self._wait_mark:]
+        return breakdown(start=self._start, end=end, phases=self.spans, ops=ops, waits=waits)
+
+    def ops(self) -> list[tuple]:
+        """The comm ops logged since the iteration began."""
+        return self.recorder.ops[self._op_mark:]

@@ -1,0 +1,54 @@
+"""Transfer volume: payload bytes handed to collectives and the wire bytes each rank sends, per op type.
+
+payload = bytes in nccl-tests' size convention, exactly as logged by Comm. wire = payload × the
+ring algorithm's per-rank send factor (nccl-tests' bus factor): all_reduce 2(n−1)/n; all_gather,
+reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1; recv 0 (the peer's send
+counts it). n is the op's group size. Per epoch = per step × steps per epoch.
+Exercised by: `pytest tests/test_phases.py -k volume`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from commprof.bench.collectives import COLLECTIVES
+
+
+def wire_factor(name: str, n: int) -> float:
+    """Bytes one rank sends per payload byte under the ring algorithms."""
+    if name == "recv" or n <= 1:
+        return 0.0
+    if name == "send":
+        return 1.0
+    return COLLECTIVES[name].bus_factor(n)
+
+
+def step_volume(ops: list[tuple]) -> dict[str, dict[str, float]]:
+    """Op log entries of one step -> {op: {"calls", "payload_bytes", "wire_bytes"}}."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
+    for name, nbytes, n, *_ in ops:
+        entry = out[name]
+        entry["calls"] += 1
+        entry["payload_bytes"] += nbytes
+        entry["wire_bytes"] += nbytes * wire_factor(name, n)
+    return dict(out)
+
+
+def volume_table(per_step: dict[str, dict], predicted: dict[str, int], *, group_size: int,
+                 steps_per_epoch: int) -> dict[str, dict]:
+    """Measured (one step, one rank) next to predicted, per op type, with per-epoch figures."""
+    table = {}
+    for name in sorted(set(per_step) | set(predicted)):
+        got = per_step.get(name, {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
+        pred = predicted.get(name, 0)
+        table[name] = {
+            "calls_per_step": got["calls"],
+            "payload_bytes_per_step": got["payload_bytes"],
+            "wire_bytes_per_step": round(got["wire_bytes"]),
+            "predicted_payload_bytes_per_step": pred,
+            "predicted_wire_bytes_per_step": round(pred * wire_factor(name, group_size)),
+            "bytes_per_epoch": got["payload_bytes"] * steps_per_epoch,
+            "wire_bytes_per_epoch": round(got["wire_bytes"] * steps_per_epoch),
+            "predicted_bytes_per_epoch": pred * steps_per_epoch,
+        }
+    return table

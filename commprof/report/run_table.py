@@ -1,0 +1,96 @@
+"""Rich rendering of a `commprof run` report: the time split per rank and across ranks, the volume
+measured next to predicted, and the training metrics. Rendering only: it reads the document
+`commprof.run.results.combine` made. Exercised by: `commprof run --strategy ddp --nproc 2 --steps 6`.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from commprof.report.units import format_bytes
+
+COLUMNS = (("wall_ms", "wall ms"), ("data_ms", "data ms"), ("compute_ms", "compute ms"),
+           ("comm_ms", "comm ms"), ("exposed_comm_ms", "exposed ms"), ("overlap_ms", "overlap ms"),
+           ("overlap_pct", "overlap %"))
+
+
+def _header(doc: dict) -> Text:
+    env, cfg, steps, model = doc["env"], doc["config"], doc["steps"], doc["model"]
+    text = Text()
+    text.append(f"commprof run · {cfg['strategy']} · {cfg['model']} ({model['trainable_parameters']:,} trainable "
+                f"of {model['parameters']:,} params) · backend {env['backend']} · {env['world_size']} rank(s) · "
+                f"global batch {steps['global_batch']} · {cfg['precision']}", style="bold")
+    text.append(f"\n{steps['measured']} measured of {steps['total']} steps (warm-up {cfg['warmup']}); "
+                f"{steps['per_epoch']} steps per epoch; figures are medians over measured steps")
+    if env["oversubscribed"]:
+        text.append(f"\nOVERSUBSCRIBED: {env['ranks_per_host']} ranks share {env['slots_per_host']} cores per "
+                    "host; times include OS scheduling.", style="bold red")
+    return text
+
+
+def time_table(doc: dict) -> Table:
+    s = doc["summary"]
+    table = Table(title="time per iteration", title_justify="left")
+    table.add_column("rank", justify="right")
+    for _, label in COLUMNS:
+        table.add_column(label, justify="right")
+    table.add_column("peak mem", justify="right")
+    table.add_column("peak RSS", justify="right")
+    for row in s["per_rank"]:
+        table.add_row(str(row["rank"]), *[f"{row[k]:.2f}" for k, _ in COLUMNS],
+                      format_bytes(row["peak_mem_bytes"]), format_bytes(row["peak_rss_bytes"]))
+    if len(s["per_rank"]) > 1:
+        ranks = s["across_ranks"]
+        for stat in ("avg", "min", "max", "skew"):
+            table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in COLUMNS], "", "", style="bold" if stat == "avg" else "")
+        table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in COLUMNS], "", "", style="dim")
+    return table
+
+
+def volume_table(doc: dict) -> Table:
+    table = Table(title="transfer volume per rank (measured vs predicted)", title_justify="left")
+    for label in ("op", "calls/step", "payload/step", "predicted", "wire/step", "predicted wire",
+                  "payload/epoch", "wire/epoch"):
+        table.add_column(label, justify="left" if label == "op" else "right")
+    for name, v in doc["volume"].items():
+        match = v["payload_bytes_per_step"] == v["predicted_payload_bytes_per_step"]
+        table.add_row(name, f"{v['calls_per_step']:g}", format_bytes(v["payload_bytes_per_step"]),
+                      Text(format_bytes(v["predicted_payload_bytes_per_step"]), style="green" if match else "yellow"),
+                      format_bytes(v["wire_bytes_per_step"]), format_bytes(v["predicted_wire_bytes_per_step"]),
+                      format_bytes(v["bytes_per_epoch"]), format_bytes(v["wire_bytes_per_epoch"]))
+    if not doc["volume"]:
+        table.add_row("(none)", "0", "0 B", "0 B", "0 B", "0 B", "0 B", "0 B")
+    return table
+
+
+def metrics_text(doc: dict) -> Text:
+    s, m = doc["summary"], doc["metrics"]
+    text = Text()
+    rate = f"{s['throughput']:.1f} samples/s"
+    if "tokens_per_s" in s:
+        rate += f" ({s['tokens_per_s']:.0f} tokens/s)"
+    text.append(f"throughput {rate} · {s['iteration_ms']:.2f} ms/iteration · {s['epoch_s']:.1f} s/epoch "
+                f"(slowest rank) · loss {m['loss'][0]:.4f} → {m['final_loss']:.4f}")
+    if doc["config"]["loss_threshold"] is not None:
+        reached = m["steps_to_threshold"]
+        text.append(f" · loss ≤ {doc['config']['loss_threshold']:g} "
+                    + (f"at step {reached}" if reached else "not reached"))
+    if m["accuracy"] is not None:
+        text.append(f" · held-out accuracy {100 * m['accuracy']:.2f}% of {m['eval_samples']}")
+    if m["skipped_steps"]:
+        text.append(f" · {m['skipped_steps']} step(s) skipped (fp16 overflow)")
+    return text
+
+
+def run_tables(doc: dict) -> list:
+    return [_header(doc), time_table(doc), volume_table(doc), metrics_text(doc)]
+
+
+def models_table(rows: list[tuple[str, str, str]]) -> Table:
+    table = Table(title="models (--model)", title_justify="left")
+    for label in ("name", "input", "description"):
+        table.add_column(label)
+    for name, kind, description in rows:
+        table.add_row(name, kind, description)
+    return table

@@ -1,0 +1,1 @@
+"""`commprof run`: profile one training strategy — compute/communication split and transfer volume."""

@@ -1,0 +1,192 @@
+"""`commprof run`: train with one strategy and report, per iteration and per rank, where the time goes and
+how many bytes cross ranks.
+
+    commprof run --strategy ddp --model resnet18 --nproc 2
+    commprof run --strategy fsdp --model gpt2-tiny --data text --data-dir input.txt --steps 20 --json out.json
+    commprof run --strategy single --model mnist-cnn --batch-size 128 --save-state single.pt
+    commprof run --list-models
+
+Exercised by: `pytest tests/test_run_cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from rich.console import Console
+
+from commprof import launch
+from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots
+from commprof.comm.watchdog import Watchdog
+from commprof.errors import UsageError
+from commprof.models import MODELS, list_models
+from commprof.report import files
+from commprof.report.env import local_env, merge_env
+from commprof.run.config import RunConfig
+from commprof.run.loop import train
+from commprof.run.results import combine
+from commprof.strategies import STRATEGIES
+from commprof.world import World, discover, usable_cores
+
+DATA = ("synthetic", "mnist", "cifar10", "cifar100", "text")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("run", help="profile one training strategy: compute/comm split and volume",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategy", default="ddp", help=f"{', '.join(STRATEGIES)} (default ddp)")
+    p.add_argument("--model", default="mnist-cnn", help="see --list-models (default mnist-cnn)")
+    p.add_argument("--list-models", action="store_true", help="list the models and exit")
+    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
+    p.add_argument("--nproc", type=int, help="local ranks to start (default: one per core or GPU; single: 1)")
+    p.add_argument("--data", default="synthetic", help=f"{', '.join(DATA)} (default synthetic)")
+    p.add_argument("--data-dir", help="directory of the real data files (the file itself for --data text)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps", type=int, help="optimizer steps, warm-up included (default 20 unless --epochs)")
+    p.add_argument("--epochs", type=int, help="whole passes over the data instead of --steps")
+    p.add_argument("--warmup", type=int, default=2, help="steps not measured (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    p.add_argument("--bucket-mb", type=float, help="ddp bucket MiB (default 25); mpi-dp fusion MiB (64)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--checkpoint", action="store_true", help="activation checkpointing per model unit")
+    p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                   help="fsdp: prefetch the next unit's parameters (default on)")
+    p.add_argument("--frozen-backbone", action="store_true", help="frozen backbone + 4096-4096 head")
+    p.add_argument("--num-classes", type=int)
+    p.add_argument("--image-size", type=int)
+    p.add_argument("--channels", type=int, dest="in_channels")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per text sample (default 64)")
+    p.add_argument("--samples", type=int, help="synthetic data set size")
+    p.add_argument("--loss-threshold", type=float, help="report the first step at or below this loss")
+    p.add_argument("--eval-samples", type=int, default=1000, help="held-out samples for accuracy (default 1000)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
+    p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
+    p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
+    p.set_defaults(func=main)
+
+
+def build_config(args, world_size: int | None) -> RunConfig:
+    """Validate the flags; raise UsageError with one line naming the problem."""
+    if args.strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {args.strategy!r}: choose from {', '.join(STRATEGIES)}")
+    if args.model not in MODELS:
+        raise UsageError(f"unknown model {args.model!r}: choose from {', '.join(MODELS)} (--list-models)")
+    if args.data not in DATA:
+        raise UsageError(f"unknown data {args.data!r}: choose from {', '.join(DATA)}")
+    backend = args.backend or default_backend()
+    if backend == "nccl":
+        require_cuda()
+    strategy = STRATEGIES[args.strategy]
+    if backend not in strategy.backends:
+        raise UsageError(f"strategy {args.strategy} runs on --backend {', '.join(strategy.backends)}")
+    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--warmup", args.warmup, 0),
+                             ("--grad-accum", args.grad_accum, 1), ("--steps", args.steps, 1),
+                             ("--epochs", args.epochs, 1), ("--eval-samples", args.eval_samples, 0),
+                             ("--seq-len", args.seq_len, 2), ("--samples", args.samples, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} {value} must be at least {low}")
+    if args.steps is not None and args.epochs is not None:
+        raise UsageError("give --steps or --epochs, not both")
+    if args.batch_size % args.grad_accum:
+        raise UsageError(f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
+    if args.bucket_mb is not None and args.bucket_mb <= 0:
+        raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g} must be positive")
+    if world_size is not None:
+        if args.strategy == "single" and world_size != 1:
+            raise UsageError(f"strategy single runs on one process, not {world_size}")
+        if args.strategy == "fsdp" and world_size < 2:
+            raise UsageError("strategy fsdp shards over ranks and needs at least 2 (--nproc 2)")
+    steps = args.steps if args.steps is not None or args.epochs is not None else 20
+    if args.warmup >= (steps or 10 ** 9):
+        raise UsageError(f"--warmup {args.warmup} leaves no measured step of --steps {steps}")
+    if args.data != "synthetic" and not args.data_dir:
+        raise UsageError(f"--data {args.data} reads local files: give --data-dir")
+    return RunConfig(
+        strategy=args.strategy, model=args.model, backend=backend, data=args.data, data_dir=args.data_dir,
+        batch_size=args.batch_size, steps=steps, epochs=args.epochs, warmup=args.warmup, seed=args.seed,
+        lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb or 25.0,
+        bucket_mb_given=args.bucket_mb is not None, precision=args.precision, grad_accum=args.grad_accum,
+        checkpoint=args.checkpoint, prefetch=args.prefetch, frozen_backbone=args.frozen_backbone,
+        num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
+        seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
+        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state, json=args.json)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list_models:
+        from commprof.report.run_table import models_table
+        Console().print(models_table(list_models()))
+        return 0
+    world = discover()
+    if not world.launched:
+        single = args.strategy == "single"
+        cfg = build_config(args, args.nproc if args.nproc is not None else (1 if single else None))
+        nproc = args.nproc if args.nproc is not None else (1 if single else max(2, slots(cfg.backend)))
+        build_config(args, nproc)
+        if nproc > 1 or cfg.backend == "mpi":
+            over = nproc > slots(cfg.backend)
+            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over)
+    cfg = build_config(args, world.world_size)
+    return run_rank(world, cfg, args)
+
+
+def run_rank(world: World, cfg: RunConfig, args) -> int:
+    """Train on this rank; rank 0 combines every rank's figures, prints the table and writes files."""
+    have = slots(cfg.backend)
+    over = world.local_world_size > have
+    torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
+    if cfg.strategy == "single" and not world.launched:
+        comm, device = None, _device(cfg.backend, world)
+        result = train(cfg, None, device)
+        return _report(cfg, args, [result], local_env(device), world, over)
+    comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
+    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
+        env_piece = local_env(comm.device)
+        result = train(cfg, comm if cfg.strategy != "single" else None, comm.device)
+        state = result.pop("state")
+        gathered = comm.gather_object((result, env_piece), dst=0)
+    code = 0
+    if world.rank == 0:
+        results = [r for r, _ in gathered]
+        results[0]["state"] = state
+        code = _report(cfg, args, results, [e for _, e in gathered], world, over)
+    comm.close()
+    return code
+
+
+def _device(backend: str, world: World) -> torch.device:
+    if backend == "nccl":
+        device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _report(cfg: RunConfig, args, results: list[dict], env_pieces, world: World, over: bool) -> int:
+    from commprof.report.run_table import run_tables
+
+    pieces = env_pieces if isinstance(env_pieces, list) else [env_pieces]
+    env = merge_env(pieces, backend=cfg.backend, world_size=len(results), local_world_size=world.local_world_size,
+                    slots=slots(cfg.backend), oversubscribed=over, launcher=world.launcher, clock="cpu",
+                    argv=["commprof", *args.argv])
+    state = results[0].pop("state", None)
+    if cfg.save_state:
+        tmp = f"{cfg.save_state}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, cfg.save_state)
+    doc = combine(cfg, results, env)
+    out = Console()
+    console = out if out.is_terminal else Console(width=200)
+    for table in run_tables(doc):
+        console.print(table)
+    if cfg.json:
+        files.write_atomic(cfg.json, json.dumps(doc, indent=1) + "\n")
+    return 0

@@ -1,0 +1,134 @@
+"""One rank's training run: build model, data and strategy, train, and return every figure as plain data.
+
+Each step: the global batch's indices (the same on every rank count), this rank's contiguous shard,
+split into micro-batches; `strategy.train_step` inside a phase-recorded iteration; the iteration's
+compute/comm split and its op log's volume. Exercised by: `pytest tests/test_run_cli.py`.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from commprof.data import global_indices, open_source, steps_per_epoch
+from commprof.models import build_model, count_parameters
+from commprof.profile.clock import CpuClock
+from commprof.profile.phases import Phases
+from commprof.profile.recorder import OpRecorder
+from commprof.profile.volume import step_volume
+from commprof.run.config import RunConfig
+from commprof.strategies import STRATEGIES
+
+MS = 1e-6
+
+
+def build(cfg: RunConfig):
+    """(source, spec): the data source and the model, sized to each other."""
+    from commprof.models import MODELS
+
+    kind = MODELS[cfg.model].kind
+    image_default = (1, 28) if cfg.model == "mnist-cnn" else (3, 32)
+    task = "classify" if kind == "image" else ("mlm" if cfg.model.startswith("bert") else "lm")
+    source = open_source(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, task=task, seq_len=cfg.seq_len,
+                         image_size=cfg.image_size or (image_default[1] if cfg.data == "synthetic" else None),
+                         in_channels=cfg.in_channels or (image_default[0] if cfg.data == "synthetic" else None),
+                         num_classes=cfg.num_classes, num_samples=cfg.samples)
+    if source.kind != kind:
+        from commprof.errors import UsageError
+        raise UsageError(f"model {cfg.model} takes {kind} input but --data {cfg.data} is {source.kind}")
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every world size
+    if kind == "image":
+        spec = build_model(cfg.model, num_classes=cfg.num_classes or source.num_classes,
+                           in_channels=source.in_channels, image_size=source.image_size,
+                           frozen_backbone=cfg.frozen_backbone)
+    else:
+        spec = build_model(cfg.model, vocab_size=source.num_classes, seq_len=source.seq_len)
+    if cfg.checkpoint:
+        for unit in spec.units:
+            unit.forward = _checkpointed(unit.forward)
+    return source, spec
+
+
+def _checkpointed(forward):
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def train(cfg: RunConfig, comm, device: torch.device) -> dict:
+    """Train on this rank; returns per-iteration figures, losses, volume, memory and accuracy."""
+    source, spec = build(cfg)
+    spec.module.to(device)
+    strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
+    rank, k = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    recorder = comm.recorder if comm is not None else OpRecorder(CpuClock())
+    phases = Phases(recorder)
+    global_batch = cfg.batch_size * k
+    spe = steps_per_epoch(source.num_samples, global_batch)
+    total = cfg.steps if cfg.steps is not None else cfg.epochs * spe
+    micro = cfg.batch_size // cfg.grad_accum
+    iterations, losses, volumes = [], [], []
+    spec.module.train()
+    for t in range(total):
+        epoch, step = divmod(t, spe)
+        strategy.measure_memory = t == total - 1
+        phases.begin(t)
+        with phases.phase("data"):
+            idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
+                                 global_batch=global_batch)
+            batch = source.get(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
+            x, y = batch.x.to(device), batch.y.to(device)
+            micro_batches = [(x[i:i + micro], y[i:i + micro]) for i in range(0, cfg.batch_size, micro)]
+        loss = strategy.train_step(micro_batches, phases)
+        split = phases.end()
+        losses.append(loss)
+        if t >= cfg.warmup:
+            iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
+                               "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
+                               "exposed_comm_ms": split.exposed_comm_ns * MS,
+                               "overlap_ms": split.overlap_ns * MS})
+            volumes.append(step_volume(phases.ops()))
+        recorder.clear()
+    held = getattr(strategy, "held", None) or strategy.held_bytes()
+    result = {
+        "rank": rank, "iterations": iterations, "losses": losses, "volume_steps": volumes,
+        "predicted": strategy.predict(), "held_bytes": held,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "parameters": count_parameters(spec.module, trainable_only=False),
+        "trainable_parameters": count_parameters(spec.module, trainable_only=True),
+        "steps_per_epoch": spe, "total_steps": total, "global_batch": global_batch,
+        "tokens_per_sample": source.seq_len if source.kind == "text" else 0,
+        "skipped_steps": strategy.scaler.skipped,
+    }
+    result["eval"] = evaluate(cfg, strategy, source, rank, k, device)
+    result["state"] = strategy.full_state() if cfg.save_state else None
+    return result
+
+
+def evaluate(cfg: RunConfig, strategy, source, rank: int, k: int, device) -> dict | None:
+    """Accuracy on this rank's equal part of the held-out split (top-1; next-token for text)."""
+    held = source.heldout
+    if held is None or cfg.eval_samples <= 0:
+        return None
+    n = min(cfg.eval_samples, held.num_samples) // k * k
+    if n == 0:
+        return None
+    part = torch.arange(rank * (n // k), (rank + 1) * (n // k))
+    model = strategy.model
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for i in range(0, len(part), cfg.batch_size):
+            batch = held.get(part[i:i + cfg.batch_size])
+            out = model(batch.x.to(device))
+            y = batch.y.to(device)
+            keep = y != -100
+            correct += int(((out.argmax(-1) == y) & keep).sum())
+            total += int(keep.sum())
+    model.train()
+    return {"correct": correct, "total": total}

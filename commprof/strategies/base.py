@@ -1,0 +1,127 @@
+"""What every training strategy shares: the loss, one step's skeleton, and the accounting hooks.
+
+A strategy owns the model replica (or shard) of one rank and runs one optimizer step on that rank's
+shard of the global batch:
+
+    strategy.train_step(micro_batches, phases) -> local loss (float)
+
+Every phase sits in `phases.phase(...)`, every byte goes through `self.comm`. Subclasses fill in
+`backward_done` (gradient communication), `optimizer_params` (what the optimizer updates),
+`after_step` (e.g. all-gather updated shards) and `predict` (analytic payload bytes per step).
+Exercised by: `pytest tests/test_strategies.py`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from commprof.strategies.precision import LossScaler
+
+# torch.autocast's dtype per --precision; fp32 runs without autocast.
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def loss_fn(task: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean loss over the local batch: cross entropy on class logits or on every (unmasked) token."""
+    if task == "classify":
+        return F.cross_entropy(output.float(), target)
+    return F.cross_entropy(output.float().reshape(-1, output.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def make_optimizer(params, *, name: str, lr: float):
+    """SGD with momentum 0.9, or Adam: both elementwise, so a sharded optimizer equals a full one."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.Adam(params, lr=lr)
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Strategy:
+    """One rank's share of data-parallel training. Subclasses name the communication."""
+
+    name = "base"
+    needs_comm = True
+    measure_memory = False
+    """Set by the loop on the last step: record `held_bytes()` right after the optimizer step."""
+    backends: tuple[str, ...] = ("gloo", "nccl", "mpi")
+
+    def __init__(self, *, spec, comm, config) -> None:
+        self.spec = spec
+        self.model = spec.module
+        self.comm = comm
+        self.config = config
+        self.world_size = comm.world_size if comm is not None else 1
+        self.params = trainable(self.model)
+        self.device = next(self.model.parameters()).device
+        self.scaler = LossScaler(comm=comm, enabled=config.precision == "fp16")
+        self.setup()
+        self.optimizer = make_optimizer(self.optimizer_params(), name=config.optimizer, lr=config.lr)
+
+    # ---- what subclasses fill in --------------------------------------------------------------
+    def setup(self) -> None:
+        """Build buffers and hooks once, before the optimizer exists."""
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        return self.params
+
+    def sync_context(self, last_micro: bool):
+        """Context for one micro-batch's backward; comm hooks stay quiet unless it is the last."""
+        return nullcontext()
+
+    def backward_done(self, phases) -> None:
+        """Gradient communication still owed after the last backward; leaves averaged grads."""
+
+    def after_step(self, phases) -> None:
+        """Work after the optimizer step (e.g. all-gather the updated parameter shards)."""
+
+    def predict(self) -> dict[str, int]:
+        """Analytic payload bytes per step, per op name, from the parameter count."""
+        return {}
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state_dict (every rank calls it; sharded strategies gather)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this rank keeps between steps: parameters, gradients, optimizer state."""
+        params = tensor_bytes(p for p in self.model.parameters())
+        grads = tensor_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+        state = tensor_bytes(v for s in self.optimizer.state.values() for v in s.values()
+                             if torch.is_tensor(v) and v.dim() > 0)
+        own = {id(p) for p in self.model.parameters()}
+        state += tensor_bytes(p for p in self.optimizer_params() if id(p) not in own)  # shard copies
+        return {"params": params, "grads": grads, "optimizer": state}
+
+    # ---- one optimizer step -------------------------------------------------------------------
+    def train_step(self, micro_batches, phases) -> float:
+        """Forward + backward over each micro-batch, gradient comm, optimizer step. Returns the loss."""
+        total = 0.0
+        n = len(micro_batches)
+        dtype = AUTOCAST.get(self.config.precision)
+        for i, (x, y) in enumerate(micro_batches):
+            with phases.phase("forward"):
+                with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
+                    loss = loss_fn(self.spec.task, self.model(x), y) / n
+            with phases.phase("backward"), self.sync_context(i == n - 1):
+                self.scaler.scale(loss).backward()
+            total += loss.item()
+        self.backward_done(phases)
+        with phases.phase("step"):
+            if self.scaler.unscale_and_check(self.optimizer_params()):
+                self.optimizer.step()
+            if self.measure_memory:  # before the gradients are dropped: what the step holds at its peak
+                self.held = self.held_bytes()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.zero_grad(set_to_none=True)
+        self.after_step(phases)
+        return total

@@ -1,0 +1,61 @@
+"""One rank of the calibrated phase-recorder test: a compute phase of known length and a comm op whose
+completion is known, because rank 1 joins it a known time after rank 0 starts.
+
+Rank 0 prints one JSON line per case: the truth and what Phases reported. Started by
+tests/test_phases.py as 2 real gloo processes.
+
+    case "blocking": compute C, then a blocking all_reduce that completes at D  -> comm D-C, exposed D-C, overlap 0
+    case "overlap":  async all_reduce issued, compute C (> D), wait            -> comm D, overlap D, exposed ~0
+    case "partial":  async all_reduce issued, compute C (< D), wait            -> comm D, overlap C, exposed D-C
+"""
+
+import json
+import time
+
+import torch
+
+from commprof.comm import init_comm
+from commprof.profile.phases import Phases
+from commprof.world import discover
+
+MS = 1_000_000
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter_ns() + ms * MS
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def main() -> None:
+    comm = init_comm(discover(), backend="gloo", timeout_s=60)
+    phases = Phases(comm.recorder)
+    cases = {"blocking": (60, 150, False), "overlap": (150, 80, True), "partial": (60, 150, True)}
+    for name, (compute_ms, join_ms, async_op) in cases.items():
+        for repeat in range(3):
+            buf = torch.ones(1024)
+            comm.control_barrier()
+            if comm.rank == 1:
+                time.sleep(join_ms / 1e3)
+                comm.all_reduce(buf)
+                continue
+            phases.begin(repeat)
+            if async_op:
+                handle = comm.all_reduce(buf, async_op=True)
+                with phases.phase("forward"):
+                    spin(compute_ms)
+                handle.wait()
+            else:
+                with phases.phase("forward"):
+                    spin(compute_ms)
+                comm.all_reduce(buf)
+            split = phases.end()
+            assert torch.equal(buf, torch.full((1024,), 2.0))
+            print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms, "join_ms": join_ms,
+                              **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()}}), flush=True)
+    comm.control_barrier()
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()

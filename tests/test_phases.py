@@ -1,0 +1,90 @@
+"""The phase recorder: interval arithmetic, and a calibrated 2-rank workload whose true compute, comm,
+overlap and exposed time are known."""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from commprof.profile.phases import breakdown, intersect, length, subtract, union
+from commprof.profile.volume import step_volume, volume_table, wire_factor
+from spawn import spawn
+
+HERE = Path(__file__).parent
+
+
+def test_interval_arithmetic():
+    u = union([(5, 7), (0, 2), (1, 3), (7, 9), (10, 10)])
+    assert u == [(0, 3), (5, 9)]
+    assert length(u) == 7
+    assert intersect(u, [(2, 6), (8, 20)]) == [(2, 3), (5, 6), (8, 9)]
+    assert subtract([(0, 10)], [(2, 3), (5, 7), (9, 12)]) == [(0, 2), (3, 5), (7, 9)]
+    assert subtract([(0, 4)], []) == [(0, 4)]
+
+
+def test_breakdown_blocking_op_inside_a_phase_is_not_compute():
+    # backward 0..100 with a blocking op 40..60 inside it, an async op 70..130 waited on 100..130.
+    ops = [("all_gather", 8, 2, 40, 60, False), ("all_reduce", 8, 2, 70, 130, True)]
+    b = breakdown(start=0, end=140, phases=[("data", 0, 0), ("backward", 0, 100), ("step", 130, 140)],
+                  ops=ops, waits=[("all_reduce", 100, 130)])
+    assert b.wall_ns == 140
+    assert b.compute_ns == 100 - 20 + 10
+    assert b.comm_ns == 20 + 60
+    assert b.overlap_ns == 30  # 70..100
+    assert b.exposed_comm_ns == 20 + 30
+
+
+def test_volume_wire_factors_and_prediction_table():
+    assert wire_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert wire_factor("all_gather", 4) == pytest.approx(0.75)
+    assert wire_factor("all_reduce", 1) == 0
+    per = step_volume([("all_reduce", 100, 4, 0, 1, False), ("all_reduce", 60, 4, 1, 2, True),
+                       ("all_gather", 40, 4, 2, 3, False)])
+    assert per["all_reduce"] == {"calls": 2, "payload_bytes": 160, "wire_bytes": 240.0}
+    table = volume_table(per, {"all_reduce": 160, "reduce_scatter": 8}, group_size=4, steps_per_epoch=10)
+    assert table["all_reduce"]["bytes_per_epoch"] == 1600
+    assert table["all_reduce"]["predicted_wire_bytes_per_step"] == 240
+    assert table["reduce_scatter"]["payload_bytes_per_step"] == 0
+    assert table["all_gather"]["predicted_payload_bytes_per_step"] == 0
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    proc = spawn([sys.executable, str(HERE / "phases_worker.py")], nproc=2, backend="gloo")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    by_case = {}
+    for row in rows:
+        by_case.setdefault(row["case"], []).append(row)
+    return {case: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in ("case",)}
+            for case, rs in by_case.items()}
+
+
+def close(got, want, rel=0.10, abs_ms=2.0):
+    return abs(got - want) <= max(rel * want, abs_ms)
+
+
+def test_calibrated_blocking_comm_has_no_overlap(calibrated):
+    c = calibrated["blocking"]
+    assert close(c["compute_ms"], 60), c
+    assert close(c["comm_ms"], 150 - 60), c
+    assert close(c["exposed_comm_ms"], 150 - 60), c
+    assert c["overlap_ms"] < 1.0, c
+
+
+def test_calibrated_async_comm_hidden_behind_compute(calibrated):
+    c = calibrated["overlap"]
+    assert close(c["compute_ms"], 150), c
+    assert close(c["comm_ms"], 80), c
+    assert close(c["overlap_ms"], 80), c
+    assert c["exposed_comm_ms"] < 3.0, c
+
+
+def test_calibrated_async_comm_partly_exposed(calibrated):
+    c = calibrated["partial"]
+    assert close(c["compute_ms"], 60), c
+    assert close(c["comm_ms"], 150), c
+    assert close(c["overlap_ms"], 60), c
+    assert close(c["exposed_comm_ms"], 150 - 60), c

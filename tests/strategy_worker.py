@@ -1,0 +1,58 @@
+"""One rank of the strategy test: train each strategy K steps on this world, and on rank 0 the same
+steps with `single` on the whole global batch; exit 1 unless every strategy ends with the parameters
+of `single` and its measured payload per step equals its prediction.
+
+    python tests/strategy_worker.py '{"backend": "gloo", "strategies": ["ddp"], "model": "mnist-cnn"}'
+
+Started by tests/test_strategies.py as N real processes (gloo) or under mpiexec (MPI).
+"""
+
+import json
+import sys
+
+import torch
+
+from commprof.comm import init_comm
+from commprof.run.config import RunConfig
+from commprof.run.loop import train
+from commprof.run.results import mean_volume
+from commprof.world import discover
+
+
+def main(spec: dict) -> int:
+    comm = init_comm(discover(), backend=spec["backend"], timeout_s=120)
+    k = comm.world_size
+    base = dict(model=spec["model"], backend=spec["backend"], batch_size=spec.get("batch", 4),
+                steps=spec.get("steps", 3), warmup=0, seed=3, lr=spec.get("lr", 0.05), eval_samples=0,
+                save_state="(in memory)", samples=256, seq_len=16, bucket_mb=spec.get("bucket_mb", 0.01),
+                bucket_mb_given=True, optimizer=spec.get("optimizer", "sgd"),
+                grad_accum=spec.get("grad_accum", 1), frozen_backbone=spec.get("frozen", False),
+                prefetch=spec.get("prefetch", True), checkpoint=spec.get("checkpoint", False))
+    reference = None
+    if comm.rank == 0:
+        single = RunConfig(strategy="single", **{**base, "batch_size": base["batch_size"] * k})
+        reference = train(single, None, torch.device("cpu"))["state"]
+    failures = []
+    for name in spec["strategies"]:
+        result = train(RunConfig(strategy=name, **base), comm, torch.device("cpu"))
+        measured = {op: v["payload_bytes"] for op, v in mean_volume(result["volume_steps"]).items()}
+        if comm.rank != 0:
+            continue
+        worst = max(float((result["state"][key].float() - value.float()).abs().max())
+                    for key, value in reference.items())
+        ok_params = worst <= spec.get("atol", 2e-5)
+        ok_volume = measured == result["predicted"]
+        print(json.dumps({"strategy": name, "world_size": k, "max_abs_diff": worst, "measured": measured,
+                          "predicted": result["predicted"], "losses": result["losses"]}), flush=True)
+        if not (ok_params and ok_volume):
+            failures.append(name)
+    comm.control_barrier()
+    comm.close()
+    if failures:
+        print(f"FAILED: {failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -1,0 +1,59 @@
+"""Every strategy trains to the parameters of `single` on the same global batch, and its measured payload
+per step equals its analytic prediction: real ranks on gloo (2 and 3) and MPI."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from spawn import spawn
+
+HERE = Path(__file__).parent
+DP = ["naive-dp", "ddp", "zero1", "zero2", "fsdp"]
+
+
+def run_worker(nproc: int, backend: str, **spec) -> list[dict]:
+    spec = {"backend": backend, **spec}
+    proc = spawn([sys.executable, str(HERE / "strategy_worker.py"), json.dumps(spec)], nproc=nproc,
+                 backend=backend, timeout=300)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert [r["strategy"] for r in rows] == spec["strategies"]
+    return rows
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_strategy_matches_single_on_the_cnn(nproc):
+    rows = run_worker(nproc, "gloo", strategies=DP, model="mnist-cnn")
+    for row in rows:
+        assert row["max_abs_diff"] <= 2e-5
+        assert row["measured"] == row["predicted"]
+    ddp = next(r for r in rows if r["strategy"] == "ddp")
+    assert ddp["measured"] == {"all_reduce": 21840 * 4}  # every gradient byte, once
+    fsdp = next(r for r in rows if r["strategy"] == "fsdp")
+    assert fsdp["measured"]["all_gather"] == 2 * fsdp["measured"]["reduce_scatter"]
+
+
+def test_transformer_units_accumulation_and_checkpointing():
+    rows = run_worker(2, "gloo", strategies=DP, model="gpt2-tiny", grad_accum=2, checkpoint=True)
+    assert all(r["max_abs_diff"] <= 2e-5 for r in rows)
+
+
+def test_fsdp_without_prefetch_and_frozen_backbone():
+    rows = run_worker(2, "gloo", strategies=["ddp", "fsdp"], model="alexnet", frozen=True, prefetch=False,
+                      batch=2, steps=2, lr=0.01)
+    assert all(r["max_abs_diff"] <= 2e-5 for r in rows)
+
+
+def test_sharded_adam_matches():
+    rows = run_worker(2, "gloo", strategies=["ddp", "zero2", "fsdp"], model="mnist-cnn", optimizer="adam",
+                      lr=1e-3, atol=1e-4)
+    assert all(r["measured"] == r["predicted"] for r in rows)
+
+
+def test_mpi_dp_and_ddp_over_mpi():
+    rows = run_worker(2, "mpi", strategies=["mpi-dp", "ddp", "zero2"], model="mnist-cnn")
+    mpi_dp = rows[0]
+    assert mpi_dp["measured"] == {"all_reduce": 21840 * 4}
+    assert all(r["max_abs_diff"] <= 2e-5 for r in rows)

@@ -235,6 +235,10 @@ class Handle:
             start = time.perf_counter_ns()
             comm._wait(self._work)
             end = time.perf_counter_ns()
+        except CommprofError:
+            raise
+        except Exception as exc:  # the backend's words as one line naming the op, as for blocking ops
+            raise comm.failure(self._name, exc) from exc
         finally:
             comm.busy = None
             comm._domain.pop_range()

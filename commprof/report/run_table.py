@@ -77,7 +77,8 @@ def metrics_text(doc: dict) -> Text:
         text.append(f" · loss ≤ {doc['config']['loss_threshold']:g} "
                     + (f"at step {reached}" if reached else "not reached"))
     if m["accuracy"] is not None:
-        text.append(f" · held-out accuracy {100 * m['accuracy']:.2f}% of {m['eval_samples']}")
+        unit = "tokens" if "tokens_per_s" in s else "samples"
+        text.append(f" · held-out accuracy {100 * m['accuracy']:.2f}% of {m['eval_samples']} {unit}")
     if m["skipped_steps"]:
         text.append(f" · {m['skipped_steps']} step(s) skipped (fp16 overflow)")
     return text

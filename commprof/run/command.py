@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 from rich.console import Console
@@ -150,6 +151,8 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
     with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
         env_piece = local_env(comm.device)
+        if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
+            time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
         result = train(cfg, comm if cfg.strategy != "single" else None, comm.device)
         state = result.pop("state")
         gathered = comm.gather_object((result, env_piece), dst=0)

@@ -1,0 +1,41 @@
+"""What a model-zoo entry hands to a run: the module, its loss convention, its wrap units, its input.
+
+`ModelSpec` and `ModelEntry` are re-exported by `commprof.models`; the builders in this package return
+a `ModelSpec`. Exercised by: `pytest tests/test_models.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A built model and what a training loop needs to know about it."""
+
+    module: nn.Module
+    """The whole network; `module(x)` returns logits."""
+    task: str
+    """Loss convention: "classify" (logits [B, C] vs int labels [B]), "lm" (logits [B, T, V] vs next
+    tokens [B, T]) or "mlm" (logits [B, T, V] vs labels [B, T], -100 = ignore)."""
+    units: tuple[nn.Module, ...]
+    """FSDP wrap units: disjoint submodules of `module` in forward execution order, each a contiguous
+    stage of the network. Parameters in no unit form the root unit. Frozen parameters may sit anywhere."""
+    kind: str
+    """Input the model takes: "image" ([B, C, H, W] floats) or "text" ([B, T] token ids)."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One name in the zoo."""
+
+    build: Callable[..., ModelSpec]
+    """Keyword-only builder. Image models take num_classes, in_channels, image_size, frozen_backbone;
+    text models take vocab_size, seq_len. `commprof.models.build_model` validates and dispatches."""
+    kind: str
+    """"image" or "text"."""
+    description: str
+    """One line for --list-models, with the parameter count at default sizes."""

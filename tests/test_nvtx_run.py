@@ -1,0 +1,39 @@
+"""NVTX from `commprof run`, seen by a real injection library: every iteration, phase, comm op and wait
+is one balanced range in domain `commprof`, with the category that says what it is."""
+
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from spawn import commprof, env_for_tests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import nvtx_recorder  # noqa: E402
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the NVTX recorder")
+def test_iterations_phases_ops_and_waits_are_ranges(tmp_path):
+    lib = nvtx_recorder.build(tmp_path)
+    prefix = tmp_path / "rec"
+    env = env_for_tests(**nvtx_recorder.recorder_env(lib, prefix, {}))
+    # mnist-cnn's 87,360 gradient bytes in 40 KiB buckets: 3 all_reduces per step
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "3", "--warmup", "1",
+                    "--bucket-mb", "0.04", "--batch-size", "8", "--eval-samples", "0", env=env)
+    assert proc.returncode == 0, proc.stderr
+    records = [r for r in nvtx_recorder.read_records(prefix) if r["domain"] == "commprof"]
+    assert not nvtx_recorder.unbalanced(records)
+    pids = {r["pid"] for r in records}
+    assert len(pids) == 2
+    for pid in pids:
+        pushes = [r for r in records if r["pid"] == pid and r["kind"] == "push"]
+        count = Counter((r["category"], r["message"].split(" ")[0]) for r in pushes)
+        assert count[("iteration", "iteration")] == 3
+        for phase in ("forward", "backward", "step"):
+            assert count[("compute", phase)] == 3
+        assert count[("data", "data")] == 3
+        assert count[("comm", "all_reduce")] == 3 * 3
+        assert count[("wait", "wait")] == 3 * 3
+        assert all(r["depth"] >= 1 for r in pushes if r["category"] in ("comm", "wait", "compute", "data"))

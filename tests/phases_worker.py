@@ -32,7 +32,7 @@ def main() -> None:
     phases = Phases(comm.recorder)
     cases = {"blocking": (60, 150, False), "overlap": (150, 80, True), "partial": (60, 150, True)}
     for name, (compute_ms, join_ms, async_op) in cases.items():
-        for repeat in range(3):
+        for repeat in range(5):
             buf = torch.ones(1024)
             comm.control_barrier()
             if comm.rank == 1:

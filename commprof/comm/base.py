@@ -117,7 +117,7 @@ class Comm:
             start = self._now()
             work = fn(*args)
             if async_op:
-                return Handle(self, name, nbytes, work)
+                return Handle(self, name, nbytes, work, start)
             end = self._now()
         except CommprofError:
             raise
@@ -205,23 +205,26 @@ class Comm:
 
 
 class Handle:
-    """An async op in flight. Its completion time is taken from the work's future where the backend
-    has one (torch), else when `wait()` returns (MPI); blocking in `wait()` is an NVTX `wait` range."""
+    """An async op in flight. CPU: its completion time is taken from the work's future where the
+    backend has one (torch), else when `wait()` returns (MPI); blocking in `wait()` is an NVTX `wait`
+    range. CUDA: the span runs from an event recorded at issue to one recorded on the current stream
+    right after `wait()` has made that stream depend on the op — completion as the training stream
+    sees it, without synchronizing the device."""
 
-    def __init__(self, comm: Comm, name: str, nbytes: int, work) -> None:
+    def __init__(self, comm: Comm, name: str, nbytes: int, work, start) -> None:
         self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
-        self._start = time.perf_counter_ns()
+        self._start = start
         self._lock = threading.Lock()
         self._done = False
         comm._watch_completion(work, self._finish)
 
-    def _finish(self, end_ns: int) -> None:
+    def _finish(self, end, host: bool = True) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
         comm = self._comm
-        comm._log((self._name, self._nbytes, comm.world_size, self._start, end_ns, True))
+        comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host))
 
     def wait(self) -> None:
         comm = self._comm
@@ -243,4 +246,7 @@ class Handle:
             comm.busy = None
             comm._domain.pop_range()
         comm.recorder.waits.append((self._name, start, end))
-        self._finish(end)
+        if comm.clock.kind == "cuda":
+            self._finish(comm._now(), host=False)
+        else:
+            self._finish(end)

@@ -87,30 +87,40 @@ def subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[i
 
 
 def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: list[tuple],
-              waits: list[tuple]) -> Breakdown:
-    """Split one iteration [start, end] given its phases, comm op log entries and waits (host ns)."""
+              waits: list[tuple] | None) -> Breakdown:
+    """Split one iteration [start, end] given its phases, comm op log entries and waits (all in ns).
+
+    `waits` None (GPU): the training stream never blocks the host on comm, so exposed comm is the part
+    of comm that no compute covers; blocking (stream-ordered) ops still do not count as compute."""
     comm = union([(op[3], op[4]) for op in ops])
-    blocked = union([(op[3], op[4]) for op in ops if not op[5]] + [(w[1], w[2]) for w in waits])
+    stream_blocked = [(op[3], op[4]) for op in ops if not op[5]]
+    blocked = union(stream_blocked + [(w[1], w[2]) for w in waits or ()])
     compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
     data = union([(a, b) for name, a, b in phases if name == "data"])
+    exposed = blocked if waits is not None else subtract(comm, compute)
     return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
                      comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
-                     exposed_comm_ns=length(blocked))
+                     exposed_comm_ns=length(exposed))
 
 
 class Phases:
-    """Records the phases of each iteration and splits it once the iteration has ended."""
+    """Records the phases of each iteration and splits it once the iteration has ended.
 
-    def __init__(self, recorder) -> None:
+    CPU: host clock stamps. GPU (a CUDA clock): CUDA events on the current stream around every phase,
+    read once at the end of the iteration by waiting on its last event — never a device-wide
+    synchronize inside it — and turned into ns from the iteration's first event."""
+
+    def __init__(self, recorder, clock=None) -> None:
         self.recorder = recorder
         """The Comm's OpRecorder: the op log and waits this iteration is split against."""
-        self.spans: list[tuple[str, int, int]] = []
+        self.cuda = clock is not None and clock.kind == "cuda"
+        self._now = clock.now if self.cuda else time.perf_counter_ns
+        self.spans: list[tuple] = []
         self._domain = nvtx.get_domain(DOMAIN)
         self._attrs: dict = {}
-        self._start = 0
+        self._start = None
         self._op_mark = 0
         self._wait_mark = 0
-        self._iter_range = None
 
     def _label(self, name: str, category: str):
         attrs = self._attrs.get(name)
@@ -122,11 +132,11 @@ class Phases:
     def phase(self, name: str):
         """Time `name` and wrap it in an NVTX range."""
         self._domain.push_range(self._label(name, "data" if name == "data" else "compute"))
-        start = time.perf_counter_ns()
+        start = self._now()
         try:
             yield
         finally:
-            self.spans.append((name, start, time.perf_counter_ns()))
+            self.spans.append((name, start, self._now()))
             self._domain.pop_range()
 
     def begin(self, index: int) -> None:
@@ -135,15 +145,25 @@ class Phases:
         self._op_mark = len(self.recorder.ops)
         self._wait_mark = len(self.recorder.waits)
         self._domain.push_range(self._label(f"iteration {index}", "iteration"))
-        self._start = time.perf_counter_ns()
+        self._start = self._now()
 
     def end(self) -> Breakdown:
         """End the iteration; every async op must have completed (its Handle waited on)."""
-        end = time.perf_counter_ns()
+        end = self._now()
         self._domain.pop_range()
         ops = self.recorder.ops[self._op_mark:]
-        waits = self.recorder.waits[self._wait_mark:]
-        return breakdown(start=self._start, end=end, phases=self.spans, ops=ops, waits=waits)
+        if not self.cuda:
+            waits = self.recorder.waits[self._wait_mark:]
+            return breakdown(start=self._start, end=end, phases=self.spans, ops=ops, waits=waits)
+        end.synchronize()  # this iteration's last event: everything before it on the stream is done
+        first = self._start
+
+        def ns(event) -> int:
+            return round(first.elapsed_time(event) * 1e6)
+
+        spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
+        ops = [(n, b, g, ns(s), ns(e), False) for n, b, g, s, e, _ in ops]
+        return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 
     def ops(self) -> list[tuple]:
         """The comm ops logged since the iteration began."""

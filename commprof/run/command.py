@@ -178,7 +178,8 @@ def _report(cfg: RunConfig, args, results: list[dict], env_pieces, world: World,
 
     pieces = env_pieces if isinstance(env_pieces, list) else [env_pieces]
     env = merge_env(pieces, backend=cfg.backend, world_size=len(results), local_world_size=world.local_world_size,
-                    slots=slots(cfg.backend), oversubscribed=over, launcher=world.launcher, clock="cpu",
+                    slots=slots(cfg.backend), oversubscribed=over, launcher=world.launcher,
+                    clock="cuda" if cfg.backend == "nccl" else "cpu",
                     argv=["commprof", *args.argv])
     state = results[0].pop("state", None)
     if cfg.save_state:

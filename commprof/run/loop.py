@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from commprof.data import global_indices, open_source, steps_per_epoch
 from commprof.models import build_model, count_parameters
-from commprof.profile.clock import CpuClock
+from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.phases import Phases
 from commprof.profile.recorder import OpRecorder
 from commprof.profile.volume import step_volume
@@ -65,8 +65,9 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     spec.module.to(device)
     strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
     rank, k = (comm.rank, comm.world_size) if comm is not None else (0, 1)
-    recorder = comm.recorder if comm is not None else OpRecorder(CpuClock())
-    phases = Phases(recorder)
+    clock = CudaClock() if device.type == "cuda" else CpuClock()
+    recorder = comm.recorder if comm is not None else OpRecorder(clock)
+    phases = Phases(recorder, recorder.clock)
     global_batch = cfg.batch_size * k
     spe = steps_per_epoch(source.num_samples, global_batch)
     total = cfg.steps if cfg.steps is not None else cfg.epochs * spe

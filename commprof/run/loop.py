@@ -13,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from commprof.data import global_indices, open_source, steps_per_epoch
+from commprof.errors import UsageError
 from commprof.models import build_model, count_parameters
 from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.phases import Phases
@@ -36,7 +37,6 @@ def build(cfg: RunConfig):
                          in_channels=cfg.in_channels or (image_default[0] if cfg.data == "synthetic" else None),
                          num_classes=cfg.num_classes, num_samples=cfg.samples)
     if source.kind != kind:
-        from commprof.errors import UsageError
         raise UsageError(f"model {cfg.model} takes {kind} input but --data {cfg.data} is {source.kind}")
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and every world size
     if kind == "image":
@@ -71,6 +71,9 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     global_batch = cfg.batch_size * k
     spe = steps_per_epoch(source.num_samples, global_batch)
     total = cfg.steps if cfg.steps is not None else cfg.epochs * spe
+    if total <= cfg.warmup:
+        raise UsageError(f"--epochs {cfg.epochs} is {total} step(s) of {source.name}: no measured step after "
+                         f"--warmup {cfg.warmup}")
     micro = cfg.batch_size // cfg.grad_accum
     iterations, losses, volumes = [], [], []
     spec.module.train()

@@ -1,0 +1,287 @@
+"""What phase recording costs a training step: `ddp` with commprof's Phases against a do-nothing stand-in.
+
+One `ddp` strategy per rank (ResNet-18 on 3×32×32 synthetic images, 32 per rank by default; 2 ranks,
+gloo, one intra-op thread each, as `commprof run --nproc 2` gives them on 2 cores) trains on the same
+pre-built batches under two kinds of phase object, alternating R rounds of S steps each:
+
+  on    commprof.profile.phases.Phases, as `commprof run` uses it: an NVTX range per iteration and
+        per phase, two clock stamps per phase, and at the end of each iteration the compute/comm
+        breakdown (Phases.end) and the op volume (step_volume) from the op log;
+  off   NoPhases below: begin/end do nothing, phase() hands back a nullcontext, nothing is computed.
+
+Each step is timed from outside everything, `t0 = perf_counter_ns(); begin; train_step; end; …`, so a
+step's time is its wall clock. Both sides call the same strategy.train_step on the same model and data.
+Comm logs every op in both (one tuple appended per op, and its NVTX push/pop): that is Comm's cost,
+always paid, and not what is measured here. Each side starts after a barrier, the order flipping every
+round; per round, the median step time of each rank is averaged over ranks.
+
+    python benchmarks/run_overhead.py [--model resnet18] [--batch 32] [--steps 24] [--rounds 10]
+                                      [--warmup 3] [--json PATH]
+
+Reading the table: one row per round, then the medians over rounds. ratio = on / off (1.00 = recording
+costs nothing); the verdict compares the median ratio with the target, ≤ 1.02. Rounds differ by a few
+percent on a shared 2-core machine (an on/off run with NoPhases on both sides spreads about as much),
+so the spread of the per-round ratios says how far to trust the median. The line under the table
+resolves what the rounds cannot: recording's own time per step, one real step's phases and op log
+replayed 2000 times through Phases (breakdown and volume included) minus the same through NoPhases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+NPROC = 2
+RATIO_TARGET = 1.02
+WORKER_TIMEOUT_S = 1800
+
+
+class NoPhases:
+    """A phase recorder that records nothing: the baseline a step without commprof's timing would be."""
+
+    def __init__(self) -> None:
+        self._null = nullcontext()
+
+    def begin(self, index: int) -> None:
+        pass
+
+    def phase(self, name: str):
+        return self._null
+
+    def end(self) -> None:
+        return None
+
+
+# ---- shared with run_vs_torch.py: the ranks' data and their start ------------------------------
+def make_batches(source, *, rank: int, world_size: int, batch: int, steps: int, seed: int = 0) -> list:
+    """This rank's (x, y) for steps 0 … steps-1, sliced from the global batch as commprof.run.loop does."""
+    from commprof.data import global_indices, steps_per_epoch
+
+    spe = steps_per_epoch(source.num_samples, batch * world_size)
+    out = []
+    for t in range(steps):
+        epoch, step = divmod(t, spe)
+        idx = global_indices(source.num_samples, seed=seed, epoch=epoch, step=step, global_batch=batch * world_size)
+        b = source.get(idx[rank * batch:(rank + 1) * batch])
+        out.append((b.x, b.y))
+    return out
+
+
+def spawn_ranks(script: str, argv: list[str], tmp: str) -> Path:
+    """Run `script --worker --out tmp/rows.json argv` as NPROC gloo ranks; the path rank 0 wrote."""
+    from commprof.comm import free_port
+
+    out = Path(tmp) / "rows.json"
+    cmd = [sys.executable, str(Path(script).resolve()), "--worker", "--out", str(out), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(NPROC), "LOCAL_WORLD_SIZE": str(NPROC)}
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(NPROC)]
+    if not wait_all(procs) or not out.exists():
+        sys.exit(f"{Path(script).name}: the ranks failed")
+    return out
+
+
+def wait_all(procs: list[subprocess.Popen]) -> bool:
+    """Wait for every process; once one fails (or time runs out), kill the rest."""
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            return False
+        time.sleep(0.1)
+    return all(p.returncode == 0 for p in procs)
+
+
+def env_record(argv: list[str]) -> dict:
+    """Versions, cores, command and date, as `commprof run` reports them."""
+    import torch
+
+    from commprof.report.env import local_env, merge_env
+    from commprof.world import usable_cores
+
+    env = merge_env([local_env(torch.device("cpu"))], backend="gloo", world_size=NPROC, local_world_size=NPROC,
+                    slots=usable_cores(), oversubscribed=NPROC > usable_cores(), launcher="benchmark", clock="cpu",
+                    argv=argv)
+    env.update(cores=usable_cores(), omp_num_threads_per_rank=1)
+    return env
+
+
+# ---- a worker: one rank --------------------------------------------------------------------------
+def worker(args) -> None:
+    import torch
+
+    from commprof.comm import init_comm
+    from commprof.profile.phases import Phases
+    from commprof.profile.volume import step_volume
+    from commprof.run.config import RunConfig
+    from commprof.run.loop import build
+    from commprof.strategies import STRATEGIES
+    from commprof.world import discover
+
+    torch.set_num_threads(1)
+    comm = init_comm(discover(), backend="gloo", timeout_s=300)
+    cfg = RunConfig(strategy="ddp", model=args.model, backend="gloo", batch_size=args.batch, steps=args.steps)
+    source, spec = build(cfg)
+    strategy = STRATEGIES["ddp"](spec=spec, comm=comm, config=cfg)
+    batches = make_batches(source, rank=comm.rank, world_size=comm.world_size, batch=args.batch, steps=args.steps)
+    recorder, now = comm.recorder, time.perf_counter_ns
+    spec.module.train()
+
+    def on(n: int) -> list[int]:
+        phases, times = Phases(recorder), []
+        for i in range(n):
+            t0 = now()
+            phases.begin(i)
+            strategy.train_step([batches[i]], phases)
+            phases.end()
+            step_volume(phases.ops())
+            recorder.clear()
+            times.append(now() - t0)
+        return times
+
+    def off(n: int) -> list[int]:
+        phases, times = NoPhases(), []
+        for i in range(n):
+            t0 = now()
+            phases.begin(i)
+            strategy.train_step([batches[i]], phases)
+            phases.end()
+            recorder.clear()  # Comm logged the ops all the same; drop them as `on` does
+            times.append(now() - t0)
+        return times
+
+    for side in (on, off):  # warm up: allocator, gloo connections, caches
+        side(min(args.warmup, args.steps))
+    rounds, sides = [], {"on": on, "off": off}
+    for r in range(args.rounds):
+        row = {"first": "on" if r % 2 == 0 else "off"}
+        for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            comm.control_barrier()
+            row[f"{name}_ms"] = statistics.median(sides[name](args.steps)) / 1e6
+        rounds.append(row)
+    cost_ns = recording_cost_ns(recorder, lambda phases: strategy.train_step([batches[0]], phases))
+    gathered = comm.gather_object({"rounds": rounds, "recording_cost_ns": cost_ns}, dst=0)
+    if comm.rank == 0:
+        Path(args.out).write_text(json.dumps(gathered))
+    comm.close()
+
+
+def recording_cost_ns(recorder, step, n: int = 2000) -> float:
+    """Recording's own time per iteration, without the training around it: one real step's phases and
+    op log replayed n times through Phases (with end's breakdown and the volume) and through NoPhases."""
+    from commprof.profile.phases import Phases
+    from commprof.profile.volume import step_volume
+
+    recorder.clear()
+    phases = Phases(recorder)
+    phases.begin(0)
+    step(phases)
+    phases.end()
+    names, ops, waits = [s[0] for s in phases.spans], list(recorder.ops), list(recorder.waits)
+    recorder.clear()
+
+    def replay(phases, volume: bool) -> float:
+        start = time.perf_counter_ns()
+        for i in range(n):
+            phases.begin(i)
+            for name in names:
+                with phases.phase(name):
+                    pass
+            recorder.ops.extend(ops)  # what Comm logs during a step, in both
+            recorder.waits.extend(waits)
+            phases.end()
+            if volume:
+                step_volume(phases.ops())
+            recorder.clear()
+        return (time.perf_counter_ns() - start) / n
+
+    replay(Phases(recorder), True)  # warm up
+    return statistics.median(replay(Phases(recorder), True) - replay(NoPhases(), False) for _ in range(5))
+
+
+def summarize(gathered: list[dict]) -> dict:
+    """Average over ranks per round, ratio per round, medians over rounds."""
+    per_rank, rounds = [g["rounds"] for g in gathered], []
+    for i, first in enumerate(per_rank[0]):
+        row = {"round": i + 1, "first": first["first"]}
+        for k in ("on_ms", "off_ms"):
+            row[k] = statistics.fmean(r[i][k] for r in per_rank)
+        row["ratio"] = row["on_ms"] / row["off_ms"]
+        rounds.append(row)
+    ratios = [r["ratio"] for r in rounds]
+    out = {"on_ms": statistics.median(r["on_ms"] for r in rounds),
+           "off_ms": statistics.median(r["off_ms"] for r in rounds),
+           "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "per_rank_rounds": per_rank,
+           "recording_cost_us": statistics.fmean(g["recording_cost_ns"] for g in gathered) / 1e3}
+    out["recording_cost_fraction"] = out["recording_cost_us"] / 1e3 / out["off_ms"]
+    out["verdict"] = "PASS" if out["ratio"] <= RATIO_TARGET else "FAIL"
+    return {"per_round": rounds, "summary": out}
+
+
+def print_table(result: dict, args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"phase recording overhead: ddp {args.model}, batch {args.batch}/rank, {NPROC} ranks gloo, "
+                        f"{args.steps} steps × {args.rounds} interleaved rounds",
+                  caption="ms = median wall per step, mean over ranks; ratio = on / off")
+    for name in ("round", "first", "off ms", "on ms", "ratio"):
+        table.add_column(name, justify="left" if name == "first" else "right")
+    for r in result["per_round"]:
+        table.add_row(str(r["round"]), r["first"], f"{r['off_ms']:.1f}", f"{r['on_ms']:.1f}", f"{r['ratio']:.3f}")
+    s = result["summary"]
+    table.add_row("median", "", f"{s['off_ms']:.1f}", f"{s['on_ms']:.1f}", f"{s['ratio']:.3f}", end_section=True)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    print(f"ratio range over rounds {s['ratio_min']:.3f} … {s['ratio_max']:.3f}; "
+          f"median {s['ratio']:.3f}: {s['verdict']} (target ≤ {RATIO_TARGET:g})")
+    print(f"recording alone (one step's phases and op log replayed, on − off): {s['recording_cost_us']:.1f} µs "
+          f"per step = {100 * s['recording_cost_fraction']:.3f}% of an off step")
+
+
+def parse_args(doc: str, *, steps: int, rounds: int, warmup: int, what: str) -> argparse.Namespace:
+    """The flags both run benchmarks take (the hidden ones start a rank)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--model", default="resnet18", help="a commprof.models name (default resnet18)")
+    parser.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
+    parser.add_argument("--steps", type=int, default=steps, help=f"timed steps per {what} per round (default {steps})")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default {rounds})")
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps per {what} first (default {warmup})")
+    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if min(args.batch, args.steps, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--batch, --steps and --rounds must be at least 1, --warmup at least 0")
+    return args
+
+
+def main() -> None:
+    args = parse_args(__doc__, steps=24, rounds=10, warmup=3, what="side")
+    if args.worker:
+        return worker(args)
+    argv = ["--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
+            "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = summarize(json.loads(spawn_ranks(__file__, argv, tmp).read_text()))
+    print_table(result, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "strategy": "ddp", "model": args.model, "batch_per_rank": args.batch, "world_size": NPROC,
+            "backend": "gloo", "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup,
+            "target": {"ratio_on_off": RATIO_TARGET}, **result,
+            "env": env_record(["python", *sys.argv])}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -191,9 +191,9 @@ def run_backend(backend: str, rounds: int, iters: int) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def wait_all(procs: list[subprocess.Popen]) -> bool:
+def wait_all(procs: list[subprocess.Popen], timeout_s: float = WORKER_TIMEOUT_S) -> bool:
     """Wait for every process; once one fails (or time runs out), kill the rest."""
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs):
         if any(p.returncode for p in procs) or time.monotonic() > deadline:
             for p in procs:

@@ -39,6 +39,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from overhead import wait_all
+
 NPROC = 2
 RATIO_TARGET = 1.02
 WORKER_TIMEOUT_S = 1800
@@ -84,22 +86,9 @@ def spawn_ranks(script: str, argv: list[str], tmp: str) -> Path:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(NPROC), "LOCAL_WORLD_SIZE": str(NPROC)}
     procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(NPROC)]
-    if not wait_all(procs) or not out.exists():
+    if not wait_all(procs, WORKER_TIMEOUT_S) or not out.exists():
         sys.exit(f"{Path(script).name}: the ranks failed")
     return out
-
-
-def wait_all(procs: list[subprocess.Popen]) -> bool:
-    """Wait for every process; once one fails (or time runs out), kill the rest."""
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    while any(p.poll() is None for p in procs):
-        if any(p.returncode for p in procs) or time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            return False
-        time.sleep(0.1)
-    return all(p.returncode == 0 for p in procs)
 
 
 def env_record(argv: list[str]) -> dict:

@@ -52,7 +52,8 @@ def main() -> None:
             split = phases.end()
             assert torch.equal(buf, torch.full((1024,), 2.0))
             print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms, "join_ms": join_ms,
-                              **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()}}), flush=True)
+                              **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()
+                                 if isinstance(v, int)}}), flush=True)
     comm.control_barrier()
     comm.close()
 

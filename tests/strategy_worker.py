@@ -27,23 +27,28 @@ def main(spec: dict) -> int:
                 save_state="(in memory)", samples=256, seq_len=16, bucket_mb=spec.get("bucket_mb", 0.01),
                 bucket_mb_given=True, optimizer=spec.get("optimizer", "sgd"),
                 grad_accum=spec.get("grad_accum", 1), frozen_backbone=spec.get("frozen", False),
-                prefetch=spec.get("prefetch", True), checkpoint=spec.get("checkpoint", False))
+                prefetch=spec.get("prefetch", True), checkpoint=spec.get("checkpoint", False),
+                **{key: tuple(v) if isinstance(v, list) else v for key, v in spec.get("extra", {}).items()})
     reference = None
     if comm.rank == 0:
-        single = RunConfig(strategy="single", **{**base, "batch_size": base["batch_size"] * k})
+        replicas = spec.get("replicas", k)  # model-parallel ranks share one shard of the global batch
+        single = RunConfig(strategy="single", **{**base, "batch_size": base["batch_size"] * replicas})
         reference = train(single, None, torch.device("cpu"))["state"]
     failures = []
     for name in spec["strategies"]:
         result = train(RunConfig(strategy=name, **base), comm, torch.device("cpu"))
         measured = {op: v["payload_bytes"] for op, v in mean_volume(result["volume_steps"]).items()}
+        every = comm.gather_object((measured, result["predicted"]), dst=0)  # each rank's own volume
         if comm.rank != 0:
             continue
         worst = max(float((result["state"][key].float() - value.float()).abs().max())
                     for key, value in reference.items())
         ok_params = worst <= spec.get("atol", 2e-5)
-        ok_volume = measured == result["predicted"]
+        ok_volume = all(got == want for got, want in every)
         print(json.dumps({"strategy": name, "world_size": k, "max_abs_diff": worst, "measured": measured,
-                          "predicted": result["predicted"], "losses": result["losses"]}), flush=True)
+                          "predicted": result["predicted"], "losses": result["losses"],
+                          "measured_by_rank": [got for got, _ in every], "pipeline": result["pipeline"],
+                          "held_bytes": result["held_bytes"]}), flush=True)
         if not (ok_params and ok_volume):
             failures.append(name)
     comm.control_barrier()

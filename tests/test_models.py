@@ -193,3 +193,18 @@ def test_list_models_states_each_default_count():
     # VGG-16 at 10 classes: torchvision's 138,357,544 at 1000 classes, minus 990 outputs of fc8.
     assert "134,301,514" in MODELS["vgg16"].description
     assert 138_357_544 - 990 * 4097 == 134_301_514
+
+
+@pytest.mark.parametrize("name", ["mnist-cnn", "resnet18", "gpt2-tiny", "bert-tiny", "alexnet"])
+def test_layers_chain_is_the_model(name):
+    torch.manual_seed(0)
+    spec = build_model(name, in_channels=1, image_size=28) if name in ("mnist-cnn", "resnet18", "alexnet") \
+        else build_model(name, seq_len=16)
+    spec.module.eval()
+    x = torch.randn(2, 1, 28, 28) if spec.kind == "image" else torch.randint(0, 65, (2, 16))
+    y = x
+    for layer in spec.layers:
+        y = layer(y)
+    assert torch.equal(y, spec.module(x))
+    owned = {id(p) for layer in spec.layers for p in layer.parameters()}
+    assert owned == {id(p) for p in spec.module.parameters()}

@@ -26,7 +26,7 @@ def test_interval_arithmetic():
 
 def test_breakdown_blocking_op_inside_a_phase_is_not_compute():
     # backward 0..100 with a blocking op 40..60 inside it, an async op 70..130 waited on 100..130.
-    ops = [("all_gather", 8, 2, 40, 60, False), ("all_reduce", 8, 2, 70, 130, True)]
+    ops = [("all_gather", 8, 2, 40, 60, False, "world"), ("all_reduce", 8, 2, 70, 130, True, "world")]
     b = breakdown(start=0, end=140, phases=[("data", 0, 0), ("backward", 0, 100), ("step", 130, 140)],
                   ops=ops, waits=[("all_reduce", 100, 130)])
     assert b.wall_ns == 140
@@ -34,16 +34,32 @@ def test_breakdown_blocking_op_inside_a_phase_is_not_compute():
     assert b.comm_ns == 20 + 60
     assert b.overlap_ns == 30  # 70..100
     assert b.exposed_comm_ns == 20 + 30
+    assert b.bubble_ns == 0
+    assert b.comm_by_group_ns == {"world": 80}
+
+
+def test_breakdown_blocked_send_recv_is_bubble_not_exposed_comm():
+    # a stage: recv blocks 0..30 (waiting on its neighbour), forward 30..50, send 50..52, a dp
+    # all_reduce issued 60, waited on 60..70.
+    ops = [("recv", 8, 2, 0, 30, False, "pp"), ("send", 8, 2, 50, 52, False, "pp"),
+           ("all_reduce", 8, 2, 60, 70, True, "dp")]
+    b = breakdown(start=0, end=80, phases=[("forward", 30, 50), ("step", 70, 80)], ops=ops,
+                  waits=[("all_reduce", 60, 70)])
+    assert b.bubble_ns == 32
+    assert b.exposed_comm_ns == 10
+    assert b.compute_ns == 30
+    assert b.comm_by_group_ns == {"dp": 10, "pp": 32}
 
 
 def test_volume_wire_factors_and_prediction_table():
     assert wire_factor("all_reduce", 4) == pytest.approx(1.5)
     assert wire_factor("all_gather", 4) == pytest.approx(0.75)
     assert wire_factor("all_reduce", 1) == 0
-    per = step_volume([("all_reduce", 100, 4, 0, 1, False), ("all_reduce", 60, 4, 1, 2, True),
-                       ("all_gather", 40, 4, 2, 3, False)])
+    per = step_volume([("all_reduce", 100, 4, 0, 1, False, "world"), ("all_reduce", 60, 4, 1, 2, True, "world"),
+                       ("all_gather", 40, 4, 2, 3, False, "world"), ("all_reduce", 10, 2, 3, 4, False, "dp")])
+    assert per["all_reduce (dp)"] == {"calls": 1, "payload_bytes": 10, "wire_bytes": 10.0}
     assert per["all_reduce"] == {"calls": 2, "payload_bytes": 160, "wire_bytes": 240.0}
-    table = volume_table(per, {"all_reduce": 160, "reduce_scatter": 8}, group_size=4, steps_per_epoch=10)
+    table = volume_table(per, {"all_reduce": 160, "reduce_scatter": 8}, group_sizes={"world": 4}, steps_per_epoch=10)
     assert table["all_reduce"]["bytes_per_epoch"] == 1600
     assert table["all_reduce"]["predicted_wire_bytes_per_step"] == 240
     assert table["reduce_scatter"]["payload_bytes_per_step"] == 0

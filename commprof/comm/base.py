@@ -53,6 +53,8 @@ class Comm:
         self.busy_seq = 0
         self.timeout_s: float | None = None
         """The --timeout the backend was initialised with, for error messages."""
+        self.label = "world"
+        """Name of this Comm's group in the op log ("world", or e.g. "dp" / "pp" for a subgroup)."""
 
     # ---- data plane -------------------------------------------------------------------------
     def all_reduce(self, tensor, *, op: str = "sum", output=None, async_op: bool = False):
@@ -126,7 +128,7 @@ class Comm:
         finally:
             self.busy = None
             self._domain.pop_range()
-        self._log((name, nbytes, self.world_size, start, end, False))
+        self._log((name, nbytes, self.world_size, start, end, False, self.label))
         return None
 
     def failure(self, name: str, exc: BaseException) -> CommprofError:
@@ -174,8 +176,9 @@ class Comm:
         finally:
             self.busy = None
 
-    def new_group(self, ranks: list[int]) -> "Comm | None":
-        """A Comm over `ranks` (global ranks); every rank must call it; None on ranks outside it."""
+    def new_group(self, ranks: list[int], label: str = "group") -> "Comm | None":
+        """A Comm over `ranks` (this Comm's ranks) sharing its op log, its ops logged under `label`;
+        every rank must call it with the same arguments; None on ranks outside it."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -224,7 +227,7 @@ class Handle:
                 return
             self._done = True
         comm = self._comm
-        comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host))
+        comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
     def wait(self) -> None:
         comm = self._comm

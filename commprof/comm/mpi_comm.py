@@ -154,10 +154,12 @@ class MpiComm(Comm):
         # NumPy views that outlive the interpreter's teardown of torch abort the process at exit.
         self._views.clear()
 
-    def new_group(self, ranks: list[int]) -> "MpiComm | None":
+    def new_group(self, ranks: list[int], label: str = "group") -> "MpiComm | None":
         me = self.rank
         color = 0 if me in ranks else self._MPI.UNDEFINED
         sub = self._comm.Split(color, ranks.index(me) if me in ranks else 0)
         if sub == self._MPI.COMM_NULL:
             return None
-        return MpiComm(comm=sub, clock=self.clock, recorder=self.recorder)
+        out = MpiComm(comm=sub, clock=self.clock, recorder=self.recorder)
+        out.label, out.timeout_s = label, self.timeout_s
+        return out

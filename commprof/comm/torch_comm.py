@@ -149,14 +149,16 @@ class TorchComm(Comm):
         group = self._control if self._control is not None else self._group
         dist.barrier(group=group)
 
-    def new_group(self, ranks: list[int]) -> "TorchComm | None":
+    def new_group(self, ranks: list[int], label: str = "group") -> "TorchComm | None":
         members = [self._peer(r) for r in ranks]
         group = dist.new_group(members)
         control = dist.new_group(members, backend="gloo") if self.backend != "gloo" else None
         if dist.get_rank() not in members:
             return None
-        return TorchComm(backend=self.backend, group=group, ranks=members, control_group=control,
-                         device=self.device, clock=self.clock, recorder=self.recorder)
+        sub = TorchComm(backend=self.backend, group=group, ranks=members, control_group=control,
+                        device=self.device, clock=self.clock, recorder=self.recorder)
+        sub.label, sub.timeout_s = label, self.timeout_s
+        return sub
 
     def close(self) -> None:
         if self._group is None and dist.is_initialized():

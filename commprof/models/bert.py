@@ -63,4 +63,5 @@ class BertModel(nn.Module):
 def build(*, preset: TransformerConfig, vocab_size: int, seq_len: int) -> ModelSpec:
     """`preset` resized to `vocab_size` tokens and `seq_len` positions."""
     net = BertModel(replace(preset, vocab_size=vocab_size, seq_len=seq_len))
-    return ModelSpec(module=net, task="mlm", units=(net.embed, *net.blocks, net.head), kind="text")
+    units = (net.embed, *net.blocks, net.head)
+    return ModelSpec(module=net, task="mlm", units=units, kind="text", layers=units)

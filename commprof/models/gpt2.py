@@ -66,4 +66,5 @@ class GPT2Model(nn.Module):
 def build(*, preset: TransformerConfig, vocab_size: int, seq_len: int) -> ModelSpec:
     """`preset` resized to `vocab_size` tokens and `seq_len` positions."""
     net = GPT2Model(replace(preset, vocab_size=vocab_size, seq_len=seq_len))
-    return ModelSpec(module=net, task="lm", units=(net.embed, *net.blocks, net.final), kind="text")
+    units = (net.embed, *net.blocks, net.final)
+    return ModelSpec(module=net, task="lm", units=units, kind="text", layers=units)

@@ -26,6 +26,11 @@ class ModelSpec:
     stage of the network. Parameters in no unit form the root unit. Frozen parameters may sit anywhere."""
     kind: str
     """Input the model takes: "image" ([B, C, H, W] floats) or "text" ([B, T] token ids)."""
+    layers: tuple[nn.Module, ...] = ()
+    """The network as a chain, `module(x) == layers[-1](…layers[0](x))`: what pipeline stages cut."""
+    head: tuple[nn.Linear, ...] = ()
+    """The classifier's Linear layers in forward order with only elementwise ops between them (what
+    tensor parallelism splits in an image model); empty when the model has none."""
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,10 @@ def build(name: str, *, num_classes: int, in_channels: int, image_size: int, fro
         net, units = frozen.fixed_feature_classifier(
             nn.Sequential(OrderedDict(parts.stages + (("pool", parts.pool),))),
             feat_dim=parts.feat_dim, num_classes=num_classes)
-        return ModelSpec(module=net, task="classify", units=units, kind="image")
+        return ModelSpec(module=net, task="classify", units=units, kind="image", layers=tuple(net.children()),
+                         head=units[1:])
     stages = parts.stages + parts.classifier
-    return ModelSpec(module=nn.Sequential(OrderedDict(stages)), task="classify",
-                     units=units_of(stages), kind="image")
+    net = nn.Sequential(OrderedDict(stages))
+    linears = tuple(m for _, stage in parts.classifier for m in stage.modules() if isinstance(m, nn.Linear))
+    return ModelSpec(module=net, task="classify", units=units_of(stages), kind="image",
+                     layers=tuple(net.children()), head=linears if len(linears) > 1 else ())

@@ -10,8 +10,12 @@ Per iteration (DESIGN.md's measurement model):
     compute  = |union of compute phases − blocked time|   (a blocking op inside a phase is not compute)
     comm     = |union of comm spans|
     overlap  = |compute ∩ comm|
-    exposed  = |union of blocked spans|                    (time the training thread waited on comm)
+    exposed  = |union of blocked spans of collectives|     (time the training thread waited on comm)
+    bubble   = |union of blocked spans of send/recv|       (a pipeline stage idle on its neighbour)
     overlap% = overlap / comm
+
+A blocking point-to-point op cannot tell the neighbour's lateness from the transfer itself, so bubble
+includes the (small) transfer of the activation; strategies without send/recv have no bubble.
 
 Exercised by: `pytest tests/test_phases.py`.
 """
@@ -28,6 +32,8 @@ from commprof.comm.base import DOMAIN
 
 COMPUTE = ("forward", "backward", "step", "recompute")
 """Phases whose time is computation; "data" is timed and reported on its own."""
+P2P = ("send", "recv")
+"""Ops whose blocked time is pipeline bubble rather than exposed communication."""
 
 
 class Breakdown(NamedTuple):
@@ -39,6 +45,9 @@ class Breakdown(NamedTuple):
     comm_ns: int
     overlap_ns: int
     exposed_comm_ns: int
+    bubble_ns: int = 0
+    comm_by_group_ns: dict | None = None
+    """|union of comm spans| per group label ("world", "dp", "pp", "tp")."""
 
 
 def union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -93,14 +102,19 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
     `waits` None (GPU): the training stream never blocks the host on comm, so exposed comm is the part
     of comm that no compute covers; blocking (stream-ordered) ops still do not count as compute."""
     comm = union([(op[3], op[4]) for op in ops])
-    stream_blocked = [(op[3], op[4]) for op in ops if not op[5]]
-    blocked = union(stream_blocked + [(w[1], w[2]) for w in waits or ()])
+    stream_blocked = [(op[0], op[3], op[4]) for op in ops if not op[5]]
+    blocked_all = stream_blocked + list(waits or ())
+    blocked = union([(a, b) for _, a, b in blocked_all])
+    bubble = union([(a, b) for name, a, b in blocked_all if name in P2P])
     compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
     data = union([(a, b) for name, a, b in phases if name == "data"])
-    exposed = blocked if waits is not None else subtract(comm, compute)
+    exposed = subtract(blocked, bubble) if waits is not None else subtract(subtract(comm, compute), bubble)
+    groups = {}
+    for label in sorted({op[6] for op in ops}):
+        groups[label] = length(union([(op[3], op[4]) for op in ops if op[6] == label]))
     return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
                      comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
-                     exposed_comm_ns=length(exposed))
+                     exposed_comm_ns=length(exposed), bubble_ns=length(bubble), comm_by_group_ns=groups)
 
 
 class Phases:
@@ -162,7 +176,7 @@ class Phases:
             return round(first.elapsed_time(event) * 1e6)
 
         spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
-        ops = [(n, b, g, ns(s), ns(e), False) for n, b, g, s, e, _ in ops]
+        ops = [(n, b, g, ns(s), ns(e), False, lbl) for n, b, g, s, e, _, lbl in ops]
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 
     def ops(self) -> list[tuple]:

@@ -1,6 +1,6 @@
 """The log of every op that crossed ranks: name, payload bytes, group size and its two time stamps.
 
-`Comm` appends one plain tuple per completed op — (name, nbytes, group_size, start, end, host) — and
+`Comm` appends one plain tuple per completed op — (name, nbytes, group_size, start, end, host, group) — and
 appending is the whole hot-path cost; durations and byte counts are computed when read. `host` marks
 stamps taken with perf_counter_ns (async completions) rather than the clock's own (CUDA events). With
 CPU stamps every tuple holds only atomic values, so the garbage collector stops scanning the log.
@@ -32,7 +32,7 @@ class OpRecorder:
     def __init__(self, clock) -> None:
         self.clock = clock
         self.ops: list[tuple] = []
-        """(name, nbytes, group_size, start, end, host) per completed op, in completion order."""
+        """(name, nbytes, group_size, start, end, host, group) per completed op, in completion order."""
         self.waits: list[tuple] = []
         """(name, start_ns, end_ns) per Handle.wait: time the caller was blocked on comm."""
 
@@ -43,7 +43,7 @@ class OpRecorder:
     def records(self, since: int = 0) -> list[OpRecord]:
         elapsed = self.clock.elapsed_ns
         return [OpRecord(name, nbytes, n, end - start if host else elapsed(start, end))
-                for name, nbytes, n, start, end, host in self.ops[since:]]
+                for name, nbytes, n, start, end, host, _ in self.ops[since:]]
 
     def durations_ns(self, since: int = 0) -> list[int]:
         return [op.duration_ns for op in self.records(since)]

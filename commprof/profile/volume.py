@@ -3,7 +3,8 @@
 payload = bytes in nccl-tests' size convention, exactly as logged by Comm. wire = payload × the
 ring algorithm's per-rank send factor (nccl-tests' bus factor): all_reduce 2(n−1)/n; all_gather,
 reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1; recv 0 (the peer's send
-counts it). n is the op's group size. Per epoch = per step × steps per epoch.
+counts it). n is the op's group size. Per epoch = per step × steps per epoch. Ops on a subgroup are
+counted apart, under "<op> (<group>)", e.g. "all_reduce (dp)" and "send (pp)" on a 2-D grid.
 Exercised by: `pytest tests/test_phases.py -k volume`.
 """
 
@@ -23,30 +24,44 @@ def wire_factor(name: str, n: int) -> float:
     return COLLECTIVES[name].bus_factor(n)
 
 
+def op_key(name: str, group: str) -> str:
+    """Volume key of an op: its name, with its group's label unless it ran on the whole world."""
+    return name if group == "world" else f"{name} ({group})"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(op name, group label) of a volume key."""
+    name, _, group = key.partition(" (")
+    return name, group.rstrip(")") or "world"
+
+
 def step_volume(ops: list[tuple]) -> dict[str, dict[str, float]]:
-    """Op log entries of one step -> {op: {"calls", "payload_bytes", "wire_bytes"}}."""
+    """Op log entries of one step -> {op key: {"calls", "payload_bytes", "wire_bytes"}}."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
-    for name, nbytes, n, *_ in ops:
-        entry = out[name]
+    for name, nbytes, n, _, _, _, group in ops:
+        entry = out[op_key(name, group)]
         entry["calls"] += 1
         entry["payload_bytes"] += nbytes
         entry["wire_bytes"] += nbytes * wire_factor(name, n)
     return dict(out)
 
 
-def volume_table(per_step: dict[str, dict], predicted: dict[str, int], *, group_size: int,
+def volume_table(per_step: dict[str, dict], predicted: dict[str, int], *, group_sizes: dict[str, int],
                  steps_per_epoch: int) -> dict[str, dict]:
-    """Measured (one step, one rank) next to predicted, per op type, with per-epoch figures."""
+    """Measured (one step, one rank) next to predicted, per op key, with per-epoch figures.
+
+    `group_sizes`: ranks per group label, for the predicted wire bytes."""
     table = {}
     for name in sorted(set(per_step) | set(predicted)):
         got = per_step.get(name, {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
         pred = predicted.get(name, 0)
+        op, group = split_key(name)
         table[name] = {
             "calls_per_step": got["calls"],
             "payload_bytes_per_step": got["payload_bytes"],
             "wire_bytes_per_step": round(got["wire_bytes"]),
             "predicted_payload_bytes_per_step": pred,
-            "predicted_wire_bytes_per_step": round(pred * wire_factor(name, group_size)),
+            "predicted_wire_bytes_per_step": round(pred * wire_factor(op, group_sizes.get(group, 1))),
             "bytes_per_epoch": got["payload_bytes"] * steps_per_epoch,
             "wire_bytes_per_epoch": round(got["wire_bytes"] * steps_per_epoch),
             "predicted_bytes_per_epoch": pred * steps_per_epoch,

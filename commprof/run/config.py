@@ -11,7 +11,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class RunConfig:
     strategy: str
-    """Key of commprof.strategies.STRATEGIES: single, naive-dp, ddp, zero1, zero2, fsdp, mpi-dp."""
+    """Key of commprof.strategies.STRATEGIES: single, naive-dp, ddp, zero1, zero2, fsdp, mpi-dp,
+    pipeline-gpipe, pipeline-1f1b, tensor."""
     model: str
     """Key of commprof.models.MODELS."""
     backend: str
@@ -46,6 +47,18 @@ class RunConfig:
     """Activation checkpointing: recompute each unit's activations in backward."""
     prefetch: bool = True
     """fsdp: issue the next unit's all_gather while the current one computes."""
+    dp: int | None = None
+    """Model-parallel strategies: data-parallel replicas (default: ranks / --stages or --tp)."""
+    pp: int | None = None
+    """Pipeline stages, one rank each (default: ranks / --dp)."""
+    tp: int | None = None
+    """Tensor-parallel degree (default: ranks / --dp)."""
+    micro_batches: int = 4
+    """Pipelines: micro-batches each replica's batch is split into."""
+    balance: str = "params"
+    """Pipelines: cut the layer chain to equalise "params" or measured "time" per stage."""
+    cuts: tuple[int, ...] | None = None
+    """Pipelines: explicit first layer of stages 1…p−1 (overrides --balance)."""
     frozen_backbone: bool = False
     """Torchvision models: frozen random backbone + trainable 4096-4096-classes head."""
     num_classes: int | None = None

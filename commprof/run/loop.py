@@ -64,7 +64,7 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     source, spec = build(cfg)
     spec.module.to(device)
     strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
-    rank, k = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    rank, k = strategy.data_rank, strategy.data_ranks  # model-parallel ranks share a shard
     clock = CudaClock() if device.type == "cuda" else CpuClock()
     recorder = comm.recorder if comm is not None else OpRecorder(clock)
     phases = Phases(recorder, recorder.clock)
@@ -74,7 +74,7 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     if total <= cfg.warmup:
         raise UsageError(f"--epochs {cfg.epochs} is {total} step(s) of {source.name}: no measured step after "
                          f"--warmup {cfg.warmup}")
-    micro = cfg.batch_size // cfg.grad_accum
+    micro = cfg.batch_size // strategy.micro_batches()
     iterations, losses, volumes = [], [], []
     spec.module.train()
     for t in range(total):
@@ -94,12 +94,14 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
             iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
                                "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
                                "exposed_comm_ms": split.exposed_comm_ns * MS,
-                               "overlap_ms": split.overlap_ns * MS})
+                               "overlap_ms": split.overlap_ns * MS, "bubble_ms": split.bubble_ns * MS,
+                               "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
             volumes.append(step_volume(phases.ops()))
         recorder.clear()
     held = getattr(strategy, "held", None) or strategy.held_bytes()
     result = {
-        "rank": rank, "iterations": iterations, "losses": losses, "volume_steps": volumes,
+        "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss, "group_sizes": strategy.group_sizes(),
+        "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(), "iterations": iterations, "losses": losses, "volume_steps": volumes,
         "predicted": strategy.predict(), "held_bytes": held,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -129,10 +131,12 @@ def evaluate(cfg: RunConfig, strategy, source, rank: int, k: int, device) -> dic
     with torch.no_grad():
         for i in range(0, len(part), cfg.batch_size):
             batch = held.get(part[i:i + cfg.batch_size])
-            out = model(batch.x.to(device))
+            out = strategy.infer(batch.x.to(device))
+            if out is None:  # a model-parallel rank without the output (or not the one that counts it)
+                continue
             y = batch.y.to(device)
             keep = y != -100
             correct += int(((out.argmax(-1) == y) & keep).sum())
             total += int(keep.sum())
     model.train()
-    return {"correct": correct, "total": total}
+    return {"correct": correct, "total": total} if total else None

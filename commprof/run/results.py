@@ -16,7 +16,7 @@ import numpy as np
 
 from commprof.profile.volume import volume_table
 
-FIGURES = ("wall_ms", "data_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_ms")
+FIGURES = ("wall_ms", "data_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_ms", "bubble_ms")
 
 
 def across(values: list[float]) -> dict:
@@ -55,7 +55,6 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     results = sorted(results, key=lambda r: r["rank"])
     first = results[0]
     rows = [rank_summary(r) for r in results]
-    k = len(results)
     summary: dict = {name: across([r[name] for r in rows])["avg"] for name in FIGURES}
     summary["overlap_pct"] = across([r["overlap_pct"] for r in rows])["avg"]
     summary["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in rows)
@@ -70,7 +69,8 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     summary["across_ranks"] = {name: across([r[name] for r in rows]) for name in (*FIGURES, "overlap_pct")}
     summary["per_rank"] = rows
 
-    losses = np.mean([r["losses"] for r in results], axis=0).tolist()  # equal shards: the global mean
+    # equal shards: the global mean (model-parallel: the ranks that hold the loss)
+    losses = np.mean([r["losses"] for r in results if r["reports_loss"]], axis=0).tolist()
     metrics = {"loss": losses, "final_loss": losses[-1], "skipped_steps": first["skipped_steps"],
                "steps_to_threshold": None, "accuracy": None}
     if cfg.loss_threshold is not None:
@@ -81,8 +81,7 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
         metrics["accuracy"] = sum(e["correct"] for e in evals) / total if total else None
         metrics["eval_samples"] = total
 
-    group = k if cfg.strategy != "single" else 1
-    volume = volume_table(mean_volume(first["volume_steps"]), first["predicted"], group_size=group,
+    volume = volume_table(mean_volume(first["volume_steps"]), first["predicted"], group_sizes=first["group_sizes"],
                           steps_per_epoch=first["steps_per_epoch"])
     iterations = [{"rank": r["rank"], **it} for r in results for it in r["iterations"]]
     return {

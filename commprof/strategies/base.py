@@ -37,9 +37,23 @@ def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def make_optimizer(params, *, name: str, lr: float):
     """SGD with momentum 0.9, or Adam: both elementwise, so a sharded optimizer equals a full one."""
+    if not params:  # a pipeline stage of frozen layers only
+        return NoOptimizer()
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     return torch.optim.Adam(params, lr=lr)
+
+
+class NoOptimizer:
+    """What a rank with nothing to train steps: nothing."""
+
+    state: dict = {}
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
 
 
 def tensor_bytes(tensors) -> int:
@@ -53,6 +67,8 @@ class Strategy:
     needs_comm = True
     measure_memory = False
     """Set by the loop on the last step: record `held_bytes()` right after the optimizer step."""
+    reports_loss = True
+    """Whether this rank's train_step returns the loss (a pipeline's last stage only)."""
     backends: tuple[str, ...] = ("gloo", "nccl", "mpi")
 
     def __init__(self, *, spec, comm, config) -> None:
@@ -64,6 +80,8 @@ class Strategy:
         self.params = trainable(self.model)
         self.device = next(self.model.parameters()).device
         self.scaler = LossScaler(comm=comm, enabled=config.precision == "fp16")
+        self.data_rank, self.data_ranks = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+        """Which shard of the global batch this rank trains on, of how many (model-parallel ranks share)."""
         self.setup()
         self.optimizer = make_optimizer(self.optimizer_params(), name=config.optimizer, lr=config.lr)
 
@@ -87,6 +105,26 @@ class Strategy:
     def predict(self) -> dict[str, int]:
         """Analytic payload bytes per step, per op name, from the parameter count."""
         return {}
+
+    def micro_batches(self) -> int:
+        """Micro-batches the loop splits this rank's batch into (pipelines: --micro-batches)."""
+        return self.config.grad_accum
+
+    def group_sizes(self) -> dict[str, int]:
+        """Ranks per group label of the ops this strategy issues (see commprof.profile.volume)."""
+        return {"world": self.world_size}
+
+    def coords(self) -> dict[str, int]:
+        """This rank's place on the rank grid, e.g. {"dp": 1, "pp": 0}; data parallel: {"dp": rank}."""
+        return {"dp": self.data_rank}
+
+    def pipeline_figures(self) -> dict | None:
+        """Pipeline strategies: stage, boundaries, activation bytes and bubble prediction; else None."""
+        return None
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits for held-out inputs, or None on a rank that does not count them (every rank calls it)."""
+        return self.model(x)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model's state_dict (every rank calls it; sharded strategies gather)."""
@@ -116,6 +154,11 @@ class Strategy:
                 self.scaler.scale(loss).backward()
             total += loss.item()
         self.backward_done(phases)
+        self.optimizer_step(phases)
+        return total
+
+    def optimizer_step(self, phases) -> None:
+        """Unscale and check (fp16), step, record memory on the measured step, drop the gradients."""
         with phases.phase("step"):
             if self.scaler.unscale_and_check(self.optimizer_params()):
                 self.optimizer.step()
@@ -124,4 +167,3 @@ class Strategy:
             self.optimizer.zero_grad(set_to_none=True)
             self.model.zero_grad(set_to_none=True)
         self.after_step(phases)
-        return total

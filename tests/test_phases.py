@@ -49,6 +49,7 @@ def test_breakdown_blocked_send_recv_is_bubble_not_exposed_comm():
     assert b.exposed_comm_ns == 10
     assert b.compute_ns == 30
     assert b.comm_by_group_ns == {"dp": 10, "pp": 32}
+    assert b.schedule_ns == 52  # recv issued at 0 … send done at 52
 
 
 def test_volume_wire_factors_and_prediction_table():

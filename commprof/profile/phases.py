@@ -47,7 +47,9 @@ class Breakdown(NamedTuple):
     exposed_comm_ns: int
     bubble_ns: int = 0
     comm_by_group_ns: dict | None = None
-    """|union of comm spans| per group label ("world", "dp", "pp", "tp")."""
+    """|union of comm spans| per group label ("world", "dp", "pp 0→1", "tp", …)."""
+    schedule_ns: int = 0
+    """First start to last end of forward/backward phases and send/recv: a pipeline's schedule."""
 
 
 def union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -109,12 +111,16 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
     compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
     data = union([(a, b) for name, a, b in phases if name == "data"])
     exposed = subtract(blocked, bubble) if waits is not None else subtract(subtract(comm, compute), bubble)
+    edges = [(a, b) for name, a, b in phases if name in ("forward", "backward")]
+    edges += [(op[3], op[4]) for op in ops if op[0] in P2P]
+    schedule = max(b for _, b in edges) - min(a for a, _ in edges) if edges else 0
     groups = {}
     for label in sorted({op[6] for op in ops}):
         groups[label] = length(union([(op[3], op[4]) for op in ops if op[6] == label]))
     return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
                      comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
-                     exposed_comm_ns=length(exposed), bubble_ns=length(bubble), comm_by_group_ns=groups)
+                     exposed_comm_ns=length(exposed), bubble_ns=length(bubble), comm_by_group_ns=groups,
+                     schedule_ns=schedule)
 
 
 class Phases:

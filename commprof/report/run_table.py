@@ -31,21 +31,66 @@ def _header(doc: dict) -> Text:
 
 def time_table(doc: dict) -> Table:
     s = doc["summary"]
+    columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") else ())
     table = Table(title="time per iteration", title_justify="left")
     table.add_column("rank", justify="right")
-    for _, label in COLUMNS:
+    for _, label in columns:
         table.add_column(label, justify="right")
     table.add_column("peak mem", justify="right")
     table.add_column("peak RSS", justify="right")
     for row in s["per_rank"]:
-        table.add_row(str(row["rank"]), *[f"{row[k]:.2f}" for k, _ in COLUMNS],
+        where = " ".join(f"{k}{v}" for k, v in row["coords"].items()) if len(row["coords"]) > 1 else ""
+        table.add_row(f"{row['rank']} {where}".strip(), *[f"{row[k]:.2f}" for k, _ in columns],
                       format_bytes(row["peak_mem_bytes"]), format_bytes(row["peak_rss_bytes"]))
     if len(s["per_rank"]) > 1:
         ranks = s["across_ranks"]
         for stat in ("avg", "min", "max", "skew"):
-            table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in COLUMNS], "", "", style="bold" if stat == "avg" else "")
-        table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in COLUMNS], "", "", style="dim")
+            table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "", style="bold" if stat == "avg" else "")
+        table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in columns], "", "", style="dim")
     return table
+
+
+def group_table(doc: dict) -> Table | None:
+    """Comm time per group (model-parallel runs: dp, pp boundaries, tp), averaged over the ranks in it."""
+    groups = doc["summary"]["comm_by_group_ms"]
+    if set(groups) <= {"world"}:
+        return None
+    table = Table(title="comm per group (ms/iteration)", title_justify="left")
+    table.add_column("group")
+    table.add_column("comm ms", justify="right")
+    for g, v in groups.items():
+        table.add_row(g, f"{v:.2f}")
+    return table
+
+
+def pipeline_tables(doc: dict) -> list:
+    p = doc.get("pipeline")
+    if not p:
+        return []
+    stages = Table(title=f"pipeline · {p['schedule']} · {p['stages']} stages × {p['micro_batches']} micro-batches · "
+                         f"bubble {100 * p['bubble_fraction']:.1f}% measured vs "
+                         f"{100 * p['predicted_bubble_fraction']:.1f}% predicted (p−1)/(m+p−1)", title_justify="left")
+    for label in ("stage", "rank", "layers", "bubble ms", "schedule ms", "bubble %", "in flight",
+                  "act/micro", "peak act", "peak mem"):
+        stages.add_column(label, justify="right")
+    for st in p["per_stage"]:
+        stages.add_row(str(st["stage"]), str(st["rank"]), f"{st['layers'][0]}–{st['layers'][1]}",
+                       f"{st['bubble_ms']:.2f}", f"{st['schedule_ms']:.2f}", f"{100 * st['bubble_fraction']:.1f}",
+                       str(st["peak_micro_batches_in_flight"]), format_bytes(st["activation_bytes_per_micro"]),
+                       format_bytes(st["peak_activation_bytes"]), format_bytes(st["peak_mem_bytes"]))
+    bounds = Table(title="activations across stage boundaries per step (measured vs predicted)", title_justify="left")
+    for label in ("boundary", "shape/micro", "dtype", "bytes/micro", "activations", "predicted", "gradients",
+                  "predicted"):
+        bounds.add_column(label, justify="left" if label == "boundary" else "right")
+    for b in p["boundaries"]:
+        ok_a = b["activation_bytes_per_step"] == b["predicted_activation_bytes_per_step"]
+        ok_g = b["grad_bytes_per_step"] == b["predicted_grad_bytes_per_step"]
+        bounds.add_row(b["boundary"], "×".join(map(str, b["shape"])), b["dtype"], format_bytes(b["bytes_per_micro"]),
+                       format_bytes(b["activation_bytes_per_step"]),
+                       Text(format_bytes(b["predicted_activation_bytes_per_step"]), style="green" if ok_a else "yellow"),
+                       format_bytes(b["grad_bytes_per_step"]),
+                       Text(format_bytes(b["predicted_grad_bytes_per_step"]), style="green" if ok_g else "yellow"))
+    return [stages, bounds]
 
 
 def volume_table(doc: dict) -> Table:
@@ -85,7 +130,9 @@ def metrics_text(doc: dict) -> Text:
 
 
 def run_tables(doc: dict) -> list:
-    return [_header(doc), time_table(doc), volume_table(doc), metrics_text(doc)]
+    groups = group_table(doc)
+    return [_header(doc), time_table(doc), *([groups] if groups else []), volume_table(doc), *pipeline_tables(doc),
+            metrics_text(doc)]
 
 
 def models_table(rows: list[tuple[str, str, str]]) -> Table:

@@ -30,6 +30,8 @@ from commprof.run.config import RunConfig
 from commprof.run.loop import train
 from commprof.run.results import combine
 from commprof.strategies import STRATEGIES
+from commprof.strategies.grid import degrees
+from commprof.strategies.partition import BALANCE
 from commprof.world import World, discover, usable_cores
 
 DATA = ("synthetic", "mnist", "cifar10", "cifar100", "text")
@@ -58,6 +60,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing per model unit")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="fsdp: prefetch the next unit's parameters (default on)")
+    p.add_argument("--stages", "--pp", type=int, dest="pp", help="pipelines: stages, one rank each (default: ranks / --dp)")
+    p.add_argument("--tp", type=int, help="tensor: tensor-parallel degree (default: ranks / --dp)")
+    p.add_argument("--dp", type=int, help="model-parallel strategies: data-parallel replicas (default 1)")
+    p.add_argument("--micro-batches", type=int, default=4, help="pipelines: micro-batches per step (default 4)")
+    p.add_argument("--balance", choices=BALANCE, default="params",
+                   help="pipelines: equalise parameters or measured time per stage (default params)")
+    p.add_argument("--cuts", help="pipelines: first layer index of stages 1..p-1, e.g. 2,5 (overrides --balance)")
     p.add_argument("--frozen-backbone", action="store_true", help="frozen backbone + 4096-4096 head")
     p.add_argument("--num-classes", type=int)
     p.add_argument("--image-size", type=int)
@@ -96,6 +105,21 @@ def build_config(args, world_size: int | None) -> RunConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.batch_size % args.grad_accum:
         raise UsageError(f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
+    parallel = getattr(strategy, "model_parallel", None)
+    for flag, value, applies in (("--stages", args.pp, parallel == "pp"), ("--tp", args.tp, parallel == "tp"),
+                                 ("--dp", args.dp, parallel is not None), ("--cuts", args.cuts, parallel == "pp")):
+        if value is not None and not applies:
+            raise UsageError(f"{flag} does not apply to strategy {args.strategy}")
+    for flag, value in (("--stages", args.pp), ("--tp", args.tp), ("--dp", args.dp),
+                        ("--micro-batches", args.micro_batches)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} must be at least 1")
+    if parallel == "pp" and args.batch_size % args.micro_batches:
+        raise UsageError(f"--batch-size {args.batch_size} is not divisible by --micro-batches {args.micro_batches}")
+    cuts = _cuts(args.cuts)
+    if parallel is not None and world_size is not None:
+        degrees(world_size, dp=args.dp, inner=args.pp if parallel == "pp" else args.tp,
+                flag="--stages" if parallel == "pp" else "--tp")
     if args.bucket_mb is not None and args.bucket_mb <= 0:
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
     if args.timeout <= 0:
@@ -116,9 +140,19 @@ def build_config(args, world_size: int | None) -> RunConfig:
         lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb or 25.0,
         bucket_mb_given=args.bucket_mb is not None, precision=args.precision, grad_accum=args.grad_accum,
         checkpoint=args.checkpoint, prefetch=args.prefetch, frozen_backbone=args.frozen_backbone,
+        dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
         eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state, json=args.json)
+
+
+def _cuts(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--cuts {text!r} must be comma-separated layer indices, e.g. 2,5") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -131,6 +165,9 @@ def main(args: argparse.Namespace) -> int:
         single = args.strategy == "single"
         cfg = build_config(args, args.nproc if args.nproc is not None else (1 if single else None))
         nproc = args.nproc if args.nproc is not None else (1 if single else max(2, slots(cfg.backend)))
+        inner = cfg.pp if cfg.pp is not None else cfg.tp
+        if args.nproc is None and inner is not None:  # a model-parallel run sized by its degrees
+            nproc = inner * (cfg.dp or 1)
         build_config(args, nproc)
         if nproc > 1 or cfg.backend == "mpi":
             over = nproc > slots(cfg.backend)

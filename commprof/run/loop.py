@@ -95,6 +95,7 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
                                "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
                                "exposed_comm_ms": split.exposed_comm_ns * MS,
                                "overlap_ms": split.overlap_ns * MS, "bubble_ms": split.bubble_ns * MS,
+                               "schedule_ms": split.schedule_ns * MS,
                                "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
             volumes.append(step_volume(phases.ops()))
         recorder.clear()

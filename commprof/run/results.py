@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from commprof.profile.volume import volume_table
+from commprof.run.pipeline_figures import pipeline_section
 
 FIGURES = ("wall_ms", "data_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_ms", "bubble_ms")
 
@@ -30,6 +31,10 @@ def rank_summary(result: dict) -> dict:
     row = {"rank": result["rank"]}
     for name in FIGURES:
         row[name] = float(np.median([it[name] for it in its]))
+    groups = sorted({g for it in its for g in it["comm_by_group_ms"]})
+    row["comm_by_group_ms"] = {g: float(np.median([it["comm_by_group_ms"].get(g, 0.0) for it in its]))
+                               for g in groups}
+    row["coords"] = result["coords"]
     comm = sum(it["comm_ms"] for it in its)
     row["overlap_pct"] = 100.0 * sum(it["overlap_ms"] for it in its) / comm if comm > 0 else 0.0
     held = result["held_bytes"]
@@ -68,6 +73,15 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     summary["epoch_s"] = step_s * first["steps_per_epoch"]
     summary["across_ranks"] = {name: across([r[name] for r in rows]) for name in (*FIGURES, "overlap_pct")}
     summary["per_rank"] = rows
+    by_group: dict = defaultdict(list)
+    for r in rows:
+        for g, v in r["comm_by_group_ms"].items():
+            by_group[g].append(v)
+    summary["comm_by_group_ms"] = {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
+    pipeline = pipeline_section(results, rows)
+    if pipeline is not None:
+        summary["bubble_fraction"] = pipeline["bubble_fraction"]
+        summary["predicted_bubble_fraction"] = pipeline["predicted_bubble_fraction"]
 
     # equal shards: the global mean (model-parallel: the ranks that hold the loss)
     losses = np.mean([r["losses"] for r in results if r["reports_loss"]], axis=0).tolist()
@@ -95,4 +109,5 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
         "summary": summary,
         "volume": volume,
         "metrics": metrics,
+        "pipeline": pipeline,
     }

@@ -67,6 +67,8 @@ class Strategy:
     needs_comm = True
     measure_memory = False
     """Set by the loop on the last step: record `held_bytes()` right after the optimizer step."""
+    model_parallel: str | None = None
+    """"pp" or "tp" for strategies that split the model (they take --stages / --tp and --dp)."""
     reports_loss = True
     """Whether this rank's train_step returns the loss (a pipeline's last stage only)."""
     backends: tuple[str, ...] = ("gloo", "nccl", "mpi")

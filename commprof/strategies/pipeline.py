@@ -34,6 +34,7 @@ class PipelineGPipe(Strategy):
     """GPipe: every micro-batch forward, then every micro-batch backward."""
 
     name = "pipeline-gpipe"
+    model_parallel = "pp"
     schedule = staticmethod(gpipe)
 
     def setup(self) -> None:

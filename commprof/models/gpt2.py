@@ -6,7 +6,8 @@ block, final. Presets:
 
 - `gpt2`: 12 layers, 6 heads of 72, d_model 432 (GPT-2 small's depth, narrowed) — 27.03M parameters
   at vocab 65 and seq_len 64 (27.11M at seq_len 256), the size of the custom-FSDP study's GPT-2 (27.32M).
-- `gpt2-tiny`: 2 layers, 2 heads, d_model 32 — about 30K parameters, for tests.
+- `gpt2-tiny`: 2 layers, 4 heads of 8, d_model 32 — about 30K parameters, for tests (4 heads so that
+  `tensor` can split them 2 and 4 ways).
 
 Exercised by: `pytest tests/test_models.py -k gpt2`.
 """
@@ -24,7 +25,7 @@ from commprof.models.transformer import Block, Embeddings, TransformerConfig, in
 
 GPT2 = TransformerConfig(n_layer=12, n_head=6, d_model=432, vocab_size=65, seq_len=64)
 """The `gpt2` preset."""
-GPT2_TINY = TransformerConfig(n_layer=2, n_head=2, d_model=32, vocab_size=65, seq_len=64)
+GPT2_TINY = TransformerConfig(n_layer=2, n_head=4, d_model=32, vocab_size=65, seq_len=64)
 """The `gpt2-tiny` preset."""
 
 

@@ -1,0 +1,143 @@
+"""Pipelines: schedules and partitions as pure functions; GPipe and 1F1B train to the parameters of
+`single` at 2, 3 and 4 stages and on a dp × pp grid, moving exactly the predicted activation bytes;
+the bubble of a calibrated pipeline matches (p − 1)/(m + p − 1); bad input fails in one line."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from commprof.errors import UsageError
+from commprof.strategies.partition import balanced_starts, describe, explicit_starts
+from commprof.strategies.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
+from spawn import commprof, spawn
+from test_strategies import run_worker
+
+HERE = Path(__file__).parent
+PIPES = ["pipeline-gpipe", "pipeline-1f1b"]
+
+
+def test_schedule_orders_and_memory_bound():
+    assert gpipe(3, 2, 0) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert one_f_one_b(4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    assert one_f_one_b(4, 2, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
+    for p in (2, 3, 4):
+        for s in range(p):
+            for m in (1, 2, 5, 8):
+                actions = one_f_one_b(m, p, s)
+                assert sorted(actions) == sorted(gpipe(m, p, s))  # every micro-batch once each way
+                assert peak_in_flight(actions) == min(p - s, m)
+                assert peak_in_flight(gpipe(m, p, s)) == m
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(1, 2) == pytest.approx(0.5)
+
+
+def test_partition_minimises_the_largest_stage():
+    assert balanced_starts([1, 1, 1, 1], 2) == [0, 2]
+    assert balanced_starts([10, 1, 1, 1, 10], 3) == [0, 1, 4]
+    assert balanced_starts([5, 1, 1, 1, 1, 1], 2) == [0, 1]
+    assert describe([0, 1, 4], 5) == [[0, 0], [1, 3], [4, 4]]
+    assert explicit_starts((2, 3), 3, 5) == [0, 2, 3]
+    with pytest.raises(UsageError, match="more stages than the 4 layers"):
+        balanced_starts([1, 1, 1, 1], 5)
+    with pytest.raises(UsageError, match="must increase strictly"):
+        explicit_starts((3, 2), 3, 5)
+    with pytest.raises(UsageError, match="2 stages need 1"):
+        explicit_starts((1, 2), 2, 5)
+
+
+def _pipeline_rows(nproc: int, model: str, **extra) -> list[dict]:
+    replicas = extra.get("dp", 1)
+    spec = {"model": model, "replicas": replicas, "extra": {"micro_batches": 2, **extra}}
+    rows = run_worker(nproc, "gloo", strategies=PIPES, **spec)
+    for row in rows:
+        assert row["max_abs_diff"] <= 2e-5, row
+        assert all(got for got in row["measured_by_rank"])  # every stage moved bytes
+    return rows
+
+
+def test_two_stages_match_single_on_the_cnn():
+    rows = _pipeline_rows(2, "mnist-cnn")
+    for row in rows:
+        bound = row["pipeline"]["boundaries"][0]
+        assert bound["shape"] == [4 // 2, 20, 4, 4]  # conv2's pooled output of one micro-batch
+        per_step = 2 * bound["bytes_per_micro"]
+        assert row["measured_by_rank"][0] == {"send (pp 0→1)": per_step, "recv (pp 0→1)": per_step}
+        assert row["pipeline"]["layers"] == [[0, 1], [2, 3]]  # 5,280 vs 16,560 parameters
+
+
+def test_three_stages_by_measured_time_on_gpt2():
+    rows = _pipeline_rows(3, "gpt2-tiny", balance="time")
+    # micro-batch 2 × 16 tokens × d_model 32 × fp32 per boundary, twice per step each way
+    act = 2 * 16 * 32 * 4
+    middle = rows[0]["measured_by_rank"][1]
+    assert middle == {"recv (pp 0→1)": 2 * act, "send (pp 0→1)": 2 * act,
+                      "recv (pp 1→2)": 2 * act, "send (pp 1→2)": 2 * act}
+
+
+def test_four_stages_and_a_frozen_first_stage():
+    rows = _pipeline_rows(4, "gpt2-tiny")
+    assert [len(r["measured_by_rank"]) for r in rows] == [4, 4]
+    frozen = run_worker(2, "gloo", strategies=["pipeline-gpipe"], model="alexnet", frozen=True, batch=2, steps=2,
+                        lr=0.01, replicas=1, extra={"micro_batches": 2, "cuts": [1]})[0]
+    assert frozen["max_abs_diff"] <= 2e-5
+    # the frozen backbone trains nothing, so no gradient goes back to it
+    assert frozen["measured_by_rank"][0] == {"send (pp 0→1)": 2 * frozen["pipeline"]["boundaries"][0]["bytes_per_micro"]}
+    assert frozen["held_bytes"]["grads"] == 0
+
+
+def test_hybrid_dp_by_pp_on_four_ranks():
+    rows = _pipeline_rows(4, "mnist-cnn", dp=2, pp=2)
+    for row in rows:
+        keys = set(row["measured_by_rank"][0])
+        assert keys == {"send (pp 0→1)", "recv (pp 0→1)", "all_reduce (dp)"}
+        assert row["measured_by_rank"][0]["all_reduce (dp)"] == (260 + 5020) * 4  # stage 0: conv1 + conv2
+
+
+@pytest.mark.parametrize("schedule", PIPES)
+def test_calibrated_bubble_matches_prediction(schedule):
+    proc = spawn([sys.executable, str(HERE / "bubble_worker.py"),
+                  json.dumps({"schedule": schedule, "micro_batches": [2, 8]})], nproc=4, backend="gloo", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["micro_batches"] for r in rows] == [2, 8]
+    for row in rows:
+        for measured in row["measured"]:
+            assert measured == pytest.approx(row["predicted"], rel=0.15), row
+
+
+def test_run_reports_bubble_and_boundaries(tmp_path):
+    out = tmp_path / "pipe.json"
+    proc = commprof("run", "--strategy", "pipeline-1f1b", "--model", "mnist-cnn", "--nproc", "2", "--steps", "4",
+                    "--micro-batches", "4", "--batch-size", "8", "--eval-samples", "64", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert "bubble ms" in proc.stdout and "pp 0→1" in proc.stdout
+    assert all("bubble_ms" in it and it["bubble_ms"] >= 0 for it in doc["iterations"])
+    pipe = doc["pipeline"]
+    assert pipe["predicted_bubble_fraction"] == pytest.approx(1 / 5)
+    assert 0 < doc["summary"]["bubble_fraction"] < 1
+    b = pipe["boundaries"][0]
+    assert b["activation_bytes_per_step"] == b["predicted_activation_bytes_per_step"] == 4 * 2 * 20 * 4 * 4 * 4
+    assert [s["peak_micro_batches_in_flight"] for s in pipe["per_stage"]] == [2, 1]
+    assert doc["metrics"]["accuracy"] is not None and doc["metrics"]["eval_samples"] == 64
+    assert doc["volume"]["send (pp 0→1)"]["payload_bytes_per_step"] == b["activation_bytes_per_step"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stages", "5", "--nproc", "5"], "more stages than the 4 layers"),
+    (["--stages", "2", "--micro-batches", "3"], "--batch-size 32 is not divisible by --micro-batches 3"),
+    (["--stages", "2", "--dp", "2", "--nproc", "2"], "must equal the 2 ranks"),
+    (["--stages", "2", "--cuts", "a"], "comma-separated"),
+])
+def test_bad_pipeline_input_fails_in_one_line(args, message):
+    proc = commprof("run", "--strategy", "pipeline-gpipe", "--model", "mnist-cnn", "--steps", "3", *args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_stages_flag_is_refused_by_data_parallel_strategies():
+    proc = commprof("run", "--strategy", "ddp", "--stages", "2", "--steps", "3")
+    assert proc.returncode == 2 and "--stages does not apply to strategy ddp" in proc.stderr

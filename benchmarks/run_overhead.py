@@ -77,15 +77,15 @@ def make_batches(source, *, rank: int, world_size: int, batch: int, steps: int, 
     return out
 
 
-def spawn_ranks(script: str, argv: list[str], tmp: str) -> Path:
-    """Run `script --worker --out tmp/rows.json argv` as NPROC gloo ranks; the path rank 0 wrote."""
+def spawn_ranks(script: str, argv: list[str], tmp: str, nproc: int = NPROC) -> Path:
+    """Run `script --worker --out tmp/rows.json argv` as `nproc` gloo ranks; the path rank 0 wrote."""
     from commprof.comm import free_port
 
     out = Path(tmp) / "rows.json"
     cmd = [sys.executable, str(Path(script).resolve()), "--worker", "--out", str(out), *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": str(NPROC), "LOCAL_WORLD_SIZE": str(NPROC)}
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(NPROC)]
+           "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(nproc)]
     if not wait_all(procs, WORKER_TIMEOUT_S) or not out.exists():
         sys.exit(f"{Path(script).name}: the ranks failed")
     return out

@@ -57,14 +57,19 @@ def _pipeline_rows(nproc: int, model: str, **extra) -> list[dict]:
     return rows
 
 
-def test_two_stages_match_single_on_the_cnn():
-    rows = _pipeline_rows(2, "mnist-cnn")
+def test_two_stages_match_single_on_the_cnn_and_1f1b_holds_fewer_activations():
+    rows = _pipeline_rows(2, "mnist-cnn", micro_batches=4)
     for row in rows:
         bound = row["pipeline"]["boundaries"][0]
-        assert bound["shape"] == [4 // 2, 20, 4, 4]  # conv2's pooled output of one micro-batch
-        per_step = 2 * bound["bytes_per_micro"]
+        assert bound["shape"] == [1, 20, 4, 4]  # conv2's pooled output of one micro-batch of 1
+        per_step = 4 * bound["bytes_per_micro"]
         assert row["measured_by_rank"][0] == {"send (pp 0→1)": per_step, "recv (pp 0→1)": per_step}
         assert row["pipeline"]["layers"] == [[0, 1], [2, 3]]  # 5,280 vs 16,560 parameters
+    gpipe, f1b1 = (row["pipeline"] for row in rows)
+    per_micro = gpipe["activation_bytes_per_micro"][0]
+    assert per_micro > 0 and f1b1["activation_bytes_per_micro"][0] == per_micro
+    assert gpipe["peak_activation_bytes"] == 4 * per_micro  # stage 0 holds all 4 micro-batches
+    assert f1b1["peak_activation_bytes"] == 2 * per_micro  # 1F1B: at most p − s = 2
 
 
 def test_three_stages_by_measured_time_on_gpt2():

@@ -63,6 +63,9 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     """Train on this rank; returns per-iteration figures, losses, volume, memory and accuracy."""
     source, spec = build(cfg)
     spec.module.to(device)
+    # counted before a tensor-parallel strategy replaces layers by this rank's slices
+    parameters = count_parameters(spec.module, trainable_only=False)
+    trainable_parameters = count_parameters(spec.module, trainable_only=True)
     strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
     rank, k = strategy.data_rank, strategy.data_ranks  # model-parallel ranks share a shard
     clock = CudaClock() if device.type == "cuda" else CpuClock()
@@ -106,8 +109,7 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
         "predicted": strategy.predict(), "held_bytes": held,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "parameters": count_parameters(spec.module, trainable_only=False),
-        "trainable_parameters": count_parameters(spec.module, trainable_only=True),
+        "parameters": parameters, "trainable_parameters": trainable_parameters,
         "steps_per_epoch": spe, "total_steps": total, "global_batch": global_batch,
         "tokens_per_sample": source.seq_len if source.kind == "text" else 0,
         "skipped_steps": strategy.scaler.skipped,

@@ -63,6 +63,9 @@ class ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
+copy_to_tp, reduce_from_tp = CopyToTP.apply, ReduceFromTP.apply
+
+
 def _param(t: torch.Tensor, like: nn.Parameter) -> nn.Parameter:
     """A slice of `like` as a parameter of its own (a copy, so the full tensor can be freed)."""
     return nn.Parameter(t.detach().clone(memory_format=torch.contiguous_format), requires_grad=like.requires_grad)
@@ -78,7 +81,7 @@ class ColumnParallelLinear(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(CopyToTP.apply(x, self.comm), self.weight, self.bias)
+        return F.linear(copy_to_tp(x, self.comm), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -92,7 +95,7 @@ class RowParallelLinear(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = ReduceFromTP.apply(F.linear(x, self.weight), self.comm)
+        y = reduce_from_tp(F.linear(x, self.weight), self.comm)
         # in the matmul's dtype, as F.linear would have added it under autocast
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
@@ -195,34 +198,45 @@ class TensorParallel(Strategy):
         """(input width, input needs a gradient) of every column-parallel layer: its backward all_reduce."""
         self._recomputed: set[int] = set()
         """Row-parallel layers whose forward (all_reduce included) runs again in backward (--checkpoint)."""
-        net, i, comm = self.model, self.grid.inner_index, self.grid.inner_comm
-        names = {id(m): name for name, m in net.named_modules()}
-        blocks = [m for m in net.modules() if isinstance(m, Block)]
+        names = {id(m): name for name, m in self.model.named_modules()}
+        blocks = [m for m in self.model.modules() if isinstance(m, Block)]
         for block in blocks:
-            at, mlp = names[id(block.attn)], names[id(block.mlp)]
-            block.attn = TensorParallelAttention(block.attn, i, t, comm)
-            block.mlp.fc, block.mlp.proj = column(block.mlp.fc, i, t, comm), row(block.mlp.proj, i, t, comm)
-            self._layout.update({f"{at}.qkv.weight": "qkv", f"{at}.qkv.bias": "qkv", f"{at}.proj.weight": 1,
-                                 f"{mlp}.fc.weight": 0, f"{mlp}.fc.bias": 0, f"{mlp}.proj.weight": 1})
-            d = block.attn.proj.weight.shape[0]
-            # A block's input comes from the trainable embeddings, so both its splits' inputs need grads.
-            self._cols += [(d, True), (d, True)]
-            self._rows += [(block.attn.proj, d), (block.mlp.proj, d)]
+            self._split_block(block, names)
         if not blocks:
-            head = {id(p) for linear in self.spec.head for p in linear.parameters()}
-            # The head ends the network: any other trainable parameter is upstream of its first input.
-            upstream = any(p.requires_grad and id(p) not in head for p in net.parameters())
-            for k, (a, b) in enumerate(head_pairs(self.spec)):
-                _replace(net, a, column(a, i, t, comm))
-                new = row(b, i, t, comm)
-                _replace(net, b, new)
-                self._layout.update({f"{names[id(a)]}.weight": 0, f"{names[id(a)]}.bias": 0,
-                                     f"{names[id(b)]}.weight": 1})
-                self._cols.append((a.in_features, upstream or k > 0))
-                self._rows.append((new, b.out_features))
+            self._split_head(names)
         if cfg.checkpoint:
             self._recompute_all()
-        self.params = trainable(net)  # the slices (and what stays replicated), not the full linears
+        self.params = trainable(self.model)  # the slices (and what stays replicated), not the full linears
+
+    def _split_block(self, block, names: dict) -> None:
+        """Attention by heads, MLP by its 4·d hidden units."""
+        i, t, comm = self.grid.inner_index, self.t, self.grid.inner_comm
+        at, mlp = names[id(block.attn)], names[id(block.mlp)]
+        block.attn = TensorParallelAttention(block.attn, i, t, comm)
+        block.mlp.fc, block.mlp.proj = column(block.mlp.fc, i, t, comm), row(block.mlp.proj, i, t, comm)
+        self._layout.update({f"{at}.qkv.weight": "qkv", f"{at}.qkv.bias": "qkv", f"{at}.proj.weight": 1,
+                             f"{mlp}.fc.weight": 0, f"{mlp}.fc.bias": 0, f"{mlp}.proj.weight": 1})
+        d = block.attn.proj.weight.shape[0]
+        # A block's input comes from the trainable embeddings, so both its splits' inputs need grads.
+        self._cols += [(d, True), (d, True)]
+        self._rows += [(block.attn.proj, d), (block.mlp.proj, d)]
+
+    def _split_head(self, names: dict) -> None:
+        """An image classifier's linears in (column, row) pairs."""
+        i, t, comm, net = self.grid.inner_index, self.t, self.grid.inner_comm, self.model
+        head = {id(p) for linear in self.spec.head for p in linear.parameters()}
+        # The head ends the network: any other trainable parameter is upstream of its first input.
+        upstream = any(p.requires_grad and id(p) not in head for p in net.parameters())
+        for k, (a, b) in enumerate(head_pairs(self.spec)):
+            new = row(b, i, t, comm)
+            _replace(net, a, column(a, i, t, comm))
+            _replace(net, b, new)
+            self._layout.update({f"{names[id(a)]}.weight": 0, f"{names[id(a)]}.bias": 0,
+                                 f"{names[id(b)]}.weight": 1})
+            self._cols.append((a.in_features, upstream or k > 0))
+            self._rows.append((new, b.out_features))
+            for p in (*a.parameters(), *b.parameters()):  # the spec still refers to the full linears:
+                p.data = p.data.new_empty(0)  # keep only the slices in memory
 
     def _recompute_all(self) -> None:
         """Checkpointed units holding split layers recompute all of themselves, all_reduces included.

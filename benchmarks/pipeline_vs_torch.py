@@ -53,38 +53,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from run_overhead import NPROC, env_record, make_batches, spawn_ranks
+from run_vs_torch import ours
 
 RATIO_TARGET = 1.10
 NAMES = ("ours", "torch")
 
 
 # ---- the two trainers -----------------------------------------------------------------------------
-def ours(cfg, comm, batches):
-    """A step of commprof's pipeline-gpipe, recording on, as commprof.run.loop.train runs it."""
-    from commprof.profile.phases import Phases
-    from commprof.profile.volume import step_volume
-    from commprof.run.loop import build
-    from commprof.strategies import STRATEGIES
-
-    _, spec = build(cfg)
-    strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
-    phases, recorder = Phases(comm.recorder), comm.recorder
-    spec.module.train()
-
-    def step(i: int) -> float:
-        phases.begin(i)
-        loss = strategy.train_step(batches[i % len(batches)][2], phases)
-        phases.end()
-        step_volume(phases.ops())
-        recorder.clear()
-        return loss
-
-    def params() -> list:
-        return [p.detach() for p in strategy.stage_module.parameters()]
-
-    return step, params, strategy.starts
-
-
 def theirs(cfg, comm, batches, starts: list[int]):
     """A step of torch.distributed.pipelining's ScheduleGPipe over this rank's stage of the same cut."""
     import torch
@@ -156,9 +131,10 @@ def worker(args) -> None:
     batches = split_batches(make_batches(source, rank=0, world_size=1, batch=args.batch, steps=args.steps),
                             args.micro_batches)
     trainers, error = {}, None
-    step, params, our_starts = ours(cfg, comm, batches)
-    assert our_starts == starts, (our_starts, starts)
-    trainers["ours"] = (step, params)
+    step, _, strategy = ours(cfg, comm, batches, micro_batches=lambda batch: batch[2])
+    assert strategy.starts == starts, (strategy.starts, starts)
+    # each rank compares its own stage (full_state gathers to rank 0 only)
+    trainers["ours"] = (step, lambda: [p.detach() for p in strategy.stage_module.parameters()])
     try:
         trainers["torch"] = theirs(cfg, comm, batches, starts)
         trainers["torch"][0](0)  # fails here, not in a timed round, if it cannot run at all

@@ -45,8 +45,9 @@ PAIRS = ("ddp", "fsdp")
 
 
 # ---- the four trainers ----------------------------------------------------------------------------
-def ours(cfg, comm, batches):
-    """A step of commprof's strategy, recording on, as commprof.run.loop.train runs it."""
+def ours(cfg, comm, batches, micro_batches=lambda batch: [batch]):
+    """A step of commprof's strategy, recording on, as commprof.run.loop.train runs it; returns
+    (step, params, strategy). `micro_batches(batch)` is what train_step gets for one pre-built batch."""
     from commprof.profile.phases import Phases
     from commprof.profile.volume import step_volume
     from commprof.run.loop import build
@@ -59,7 +60,7 @@ def ours(cfg, comm, batches):
 
     def step(i: int) -> float:
         phases.begin(i)
-        loss = strategy.train_step([batches[i % len(batches)]], phases)
+        loss = strategy.train_step(micro_batches(batches[i % len(batches)]), phases)
         phases.end()
         step_volume(phases.ops())
         recorder.clear()
@@ -69,7 +70,7 @@ def ours(cfg, comm, batches):
         state = strategy.full_state()
         return [state[name] for name, _ in spec.module.named_parameters()]
 
-    return step, params
+    return step, params, strategy
 
 
 def theirs(cfg, batches, mesh):
@@ -123,7 +124,7 @@ def worker(args) -> None:
     trainers, errors = {}, {}
     for pair in PAIRS:
         pcfg = replace(cfg, strategy=pair)
-        trainers[f"ours {pair}"] = ours(pcfg, comm, batches)
+        trainers[f"ours {pair}"] = ours(pcfg, comm, batches)[:2]
         try:
             mesh = init_device_mesh("cpu", (comm.world_size,)) if pair == "fsdp" else None
             trainers[f"torch {pair}"] = theirs(pcfg, batches, mesh)

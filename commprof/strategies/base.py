@@ -132,13 +132,15 @@ class Strategy:
         """The whole model's state_dict (every rank calls it; sharded strategies gather)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def held_bytes(self) -> dict[str, int]:
-        """Bytes this rank keeps between steps: parameters, gradients, optimizer state."""
-        params = tensor_bytes(p for p in self.model.parameters())
-        grads = tensor_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+    def held_bytes(self, module: torch.nn.Module | None = None) -> dict[str, int]:
+        """Bytes this rank keeps between steps: parameters (of `module`, default the model), gradients,
+        optimizer state."""
+        module = module if module is not None else self.model
+        params = tensor_bytes(p for p in module.parameters())
+        grads = tensor_bytes(p.grad for p in module.parameters() if p.grad is not None)
         state = tensor_bytes(v for s in self.optimizer.state.values() for v in s.values()
                              if torch.is_tensor(v) and v.dim() > 0)
-        own = {id(p) for p in self.model.parameters()}
+        own = {id(p) for p in module.parameters()}
         state += tensor_bytes(p for p in self.optimizer_params() if id(p) not in own)  # shard copies
         return {"params": params, "grads": grads, "optimizer": state}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
+from commprof.strategies.base import tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,14 @@ def average_gradients(dp_comm, params, buffer_holder: dict) -> None:
         n = p.numel()
         p.grad = flat[offset:offset + n].view_as(p).clone()
         offset += n
+
+
+def replica_volume(dp_comm, params, precision: str) -> dict[str, int]:
+    """Predicted bytes per step outside the model-parallel group: the replicas' gradient all_reduce
+    (average_gradients) and, with fp16, the 4-byte overflow flag all-reduced over the world."""
+    out = {}
+    if dp_comm is not None and params:
+        out["all_reduce (dp)"] = tensor_bytes(params)
+    if precision == "fp16":
+        out["all_reduce"] = 4
+    return out

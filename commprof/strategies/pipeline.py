@@ -20,8 +20,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from commprof.errors import UsageError
-from commprof.strategies.base import AUTOCAST, Strategy, loss_fn, make_optimizer, tensor_bytes, trainable
-from commprof.strategies.grid import average_gradients, build_grid, degrees
+from commprof.strategies.base import AUTOCAST, Strategy, loss_fn, make_optimizer, trainable
+from commprof.strategies.grid import average_gradients, build_grid, degrees, replica_volume
 from commprof.strategies.partition import balanced_starts, describe, explicit_starts, param_costs, time_costs
 from commprof.strategies.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
 
@@ -200,11 +200,7 @@ class PipelineGPipe(Strategy):
             out[f"recv ({link_label(s - 1)})"] = m * self._boundary_bytes(s - 1)
             if self.needs_grad[s - 1]:
                 out[f"send ({link_label(s - 1)})"] = m * self._boundary_bytes(s - 1)
-        if self.grid.dp_comm is not None and self.params:
-            out["all_reduce (dp)"] = tensor_bytes(self.params)
-        if self.config.precision == "fp16":
-            out["all_reduce"] = 4  # the agreed overflow flag
-        return out
+        return {**out, **replica_volume(self.grid.dp_comm, self.params, self.config.precision)}
 
     def group_sizes(self) -> dict[str, int]:
         return {"world": self.world_size, "pp": self.stages, "dp": self.grid.dp,
@@ -229,11 +225,7 @@ class PipelineGPipe(Strategy):
         }
 
     def held_bytes(self) -> dict[str, int]:
-        grads = tensor_bytes(p.grad for p in self.stage_module.parameters() if p.grad is not None)
-        state = tensor_bytes(v for st in self.optimizer.state.values() for v in st.values()
-                             if torch.is_tensor(v) and v.dim() > 0)
-        return {"params": tensor_bytes(self.stage_module.parameters()), "grads": grads, "optimizer": state,
-                "activations": self.peak_activation_bytes}
+        return {**super().held_bytes(self.stage_module), "activations": self.peak_activation_bytes}
 
     def full_state(self) -> dict[str, torch.Tensor]:
         state = self.model.state_dict()

@@ -30,8 +30,8 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from commprof.errors import UsageError
 from commprof.models.transformer import Block
-from commprof.strategies.base import AUTOCAST, Strategy, tensor_bytes, trainable
-from commprof.strategies.grid import average_gradients, build_grid, degrees
+from commprof.strategies.base import AUTOCAST, Strategy, trainable
+from commprof.strategies.grid import average_gradients, build_grid, degrees, replica_volume
 
 
 class CopyToTP(torch.autograd.Function):
@@ -272,11 +272,7 @@ class TensorParallel(Strategy):
         positions = sum(s[0] * (s[1] if self.spec.kind == "text" else 1) for s in self._micro)
         if positions:
             out["all_reduce (tp)"] = positions * per_sample
-        if self.grid.dp_comm is not None and self.params:
-            out["all_reduce (dp)"] = tensor_bytes(self.params)
-        if self.config.precision == "fp16":
-            out["all_reduce"] = 4  # the agreed overflow flag
-        return out
+        return {**out, **replica_volume(self.grid.dp_comm, self.params, self.config.precision)}
 
     def group_sizes(self) -> dict[str, int]:
         return {"world": self.world_size, "tp": self.t, "dp": self.grid.dp}

@@ -48,12 +48,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from run_overhead import NPROC, env_record, make_batches, spawn_ranks
-from run_vs_torch import ours
+from run_vs_torch import ours, timed_rounds
 
 RATIO_TARGET = 1.10
 NAMES = ("ours", "torch")
@@ -148,19 +147,7 @@ def worker(args) -> None:
             for _ in range(args.warmup + (1 - done[name])):
                 trainers[name][0](done[name])
                 done[name] += 1
-        now = time.perf_counter_ns
-        for r in range(args.rounds):
-            row = {"first": "ours" if r % 2 == 0 else "torch"}
-            for name in NAMES if r % 2 == 0 else NAMES[::-1]:
-                step, times = trainers[name][0], []
-                comm.control_barrier()
-                for _ in range(args.steps):
-                    t0 = now()
-                    step(done[name])
-                    times.append(now() - t0)
-                    done[name] += 1
-                row[name] = statistics.median(times) / 1e6
-            rounds.append(row)
+        rounds = timed_rounds(comm, trainers, NAMES, done, rounds=args.rounds, steps=args.steps)
     parity = None
     if error is None:
         a, b = trainers["ours"][1](), trainers["torch"][1]()

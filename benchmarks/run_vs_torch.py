@@ -45,6 +45,25 @@ PAIRS = ("ddp", "fsdp")
 
 
 # ---- the four trainers ----------------------------------------------------------------------------
+def timed_rounds(comm, trainers: dict, names, done: dict, *, rounds: int, steps: int) -> list[dict]:
+    """`rounds` rounds of `steps` timed steps per trainer, each after a barrier, the order of `names`
+    reversing every round; per round and trainer the median ms per step. `done` counts steps run."""
+    out, now = [], time.perf_counter_ns
+    for r in range(rounds):
+        row = {"first": "ours" if r % 2 == 0 else "torch"}
+        for name in names if r % 2 == 0 else names[::-1]:
+            step, times = trainers[name][0], []
+            comm.control_barrier()
+            for _ in range(steps):
+                t0 = now()
+                step(done[name])
+                times.append(now() - t0)
+                done[name] += 1
+            row[name] = statistics.median(times) / 1e6
+        out.append(row)
+    return out
+
+
 def ours(cfg, comm, batches, micro_batches=lambda batch: [batch]):
     """A step of commprof's strategy, recording on, as commprof.run.loop.train runs it; returns
     (step, params, strategy). `micro_batches(batch)` is what train_step gets for one pre-built batch."""
@@ -140,19 +159,7 @@ def worker(args) -> None:
         for _ in range(args.warmup + (1 - done[name])):
             step(done[name])
             done[name] += 1
-    rounds, now = [], time.perf_counter_ns
-    for r in range(args.rounds):
-        row = {"first": "ours" if r % 2 == 0 else "torch"}
-        for name in names if r % 2 == 0 else names[::-1]:
-            step, times = trainers[name][0], []
-            comm.control_barrier()
-            for _ in range(args.steps):
-                t0 = now()
-                step(done[name])
-                times.append(now() - t0)
-                done[name] += 1
-            row[name] = statistics.median(times) / 1e6
-        rounds.append(row)
+    rounds = timed_rounds(comm, trainers, names, done, rounds=args.rounds, steps=args.steps)
     parity, initial = {}, [p.detach() for p in build(cfg)[1].module.parameters()]
     for pair in PAIRS:
         if pair in errors:

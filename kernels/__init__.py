@@ -1,8 +1,92 @@
-"""commprof.kernels: hand-written collective algorithms (ring, tree, recursive doubling, …) built on
-point-to-point send/recv through `commprof.comm`. Installed as the subpackage `commprof.kernels`.
+"""commprof.kernels: hand-written collective algorithms built only on point-to-point send/recv
+through a `commprof.comm.Comm`, so every step is timed, counted and NVTX-wrapped like any other op,
+and each step sits in its own NVTX range (`<algorithm>::…::step<k>`).
 
-Each algorithm module exposes the same few functions and is listed in ALGORITHMS.
+Every algorithm is one module with the same small interface (as nccl-tests' collectives are):
+
+  COLLECTIVE, NAME      which collective it implements, and its name (`commprof bench --algo NAME`)
+  run(comm, …)          the collective, with the signature of the Comm method of the same name
+  expected(inputs, rank, op, root)   what rank `rank` must end with (kernels.reference)
+  sent_bytes(n, rank, count, itemsize, root)   bytes rank `rank` sends in one call
+  steps(n, nbytes)      communication steps on the critical path
+  cost(n, nbytes, alpha, beta)   the latency–bandwidth (α–β) model of one call, in seconds
+  MODES                 (optional) in-place flags it runs; both by default
+
+`count` and `nbytes` follow nccl-tests: the whole vector for all_reduce and broadcast, world_size ×
+the per-rank chunk for all_gather, reduce_scatter and all_to_all. Installed as the subpackage
+`commprof.kernels`. Exercised by: `pytest tests/test_kernels.py`.
 """
 
-ALGORITHMS: dict = {}
-"""Algorithm name -> module; empty until the first algorithm lands."""
+from __future__ import annotations
+
+from functools import partial
+from types import ModuleType
+
+from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring, all_reduce_binary_tree,
+               all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring, all_to_all_pairwise,
+               broadcast_binomial_tree, broadcast_chain, reduce_scatter_recursive_halving, reduce_scatter_ring)
+from .common import unsupported
+
+__all__ = ["ALGORITHMS", "LIBRARY", "names", "find", "modes", "bind", "unsupported"]
+
+LIBRARY = "library"
+"""The backend's own collective (`--algo library`, the default)."""
+
+ALGORITHMS: dict[str, dict[str, ModuleType]] = {
+    "all_reduce": {
+        "ring": all_reduce_ring,
+        "recursive_doubling": all_reduce_recursive_doubling,
+        "rabenseifner": all_reduce_rabenseifner,
+        "binary_tree": all_reduce_binary_tree,
+    },
+    "all_gather": {
+        "ring": all_gather_ring,
+        "recursive_doubling": all_gather_recursive_doubling,
+        "bruck": all_gather_bruck,
+    },
+    "reduce_scatter": {
+        "ring": reduce_scatter_ring,
+        "recursive_halving": reduce_scatter_recursive_halving,
+    },
+    "broadcast": {
+        "binomial_tree": broadcast_binomial_tree,
+        "chain": broadcast_chain,
+    },
+    "all_to_all": {
+        "pairwise": all_to_all_pairwise,
+    },
+}
+"""Collective -> algorithm name -> module."""
+
+
+def names() -> list[str]:
+    """Every algorithm name, each once, in ALGORITHMS order."""
+    return list(dict.fromkeys(name for by_name in ALGORITHMS.values() for name in by_name))
+
+
+def find(collective: str, name: str) -> ModuleType | None:
+    """The module implementing `collective` as `name`, or None."""
+    return ALGORITHMS.get(collective, {}).get(name)
+
+
+def modes(module: ModuleType) -> tuple[bool, ...]:
+    """In-place flags the algorithm runs (out-of-place first, as nccl-tests' columns)."""
+    return getattr(module, "MODES", (False, True))
+
+
+class Bound:
+    """A Comm whose `<collective>` method runs a hand-written algorithm on it; everything else
+    (rank, world_size, send, recorder, …) is the Comm's own. The bench's prepared cases call it
+    exactly as they call a Comm."""
+
+    def __init__(self, comm, module: ModuleType) -> None:
+        self._comm = comm
+        setattr(self, module.COLLECTIVE, partial(module.run, comm))
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)
+
+
+def bind(comm, module: ModuleType) -> Bound:
+    """`comm`, with `module`'s collective run by `module`."""
+    return Bound(comm, module)

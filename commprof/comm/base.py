@@ -48,6 +48,7 @@ class Comm:
         self._log = self.recorder.ops.append
         self._domain = nvtx.get_domain(DOMAIN)
         self._labels: dict = {}
+        self._ranges: dict = {}
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
         self.busy_seq = 0
@@ -151,6 +152,15 @@ class Comm:
         self._labels[(name, nbytes, dtype)] = attrs
         return attrs
 
+    def range(self, message: str) -> "_Range":
+        """An NVTX range (category `kernel`) around several ops, e.g. one step of a hand-written
+        algorithm: `with comm.range("ring::reduce_scatter::step2"): ...`. Neither timed nor counted."""
+        attrs = self._ranges.get(message, _MISSING)
+        if attrs is _MISSING:
+            attrs = self._domain.get_event_attributes(message=message, category="kernel")
+            self._ranges[message] = attrs
+        return _Range(self._domain, attrs)
+
     # ---- control plane: bookkeeping between ranks, neither timed nor counted ----------------
     def gather_object(self, obj, dst: int = 0) -> list | None:
         """Picklable `obj` of every rank, as a list on `dst` (None elsewhere)."""
@@ -205,6 +215,21 @@ class Comm:
 
     def _watch_completion(self, work, done) -> None:
         """Arrange for `done(perf_counter_ns())` to run when `work` completes, if the backend can tell."""
+
+
+class _Range:
+    """Context manager pushing one cached NVTX range; cheap enough to wrap every algorithm step."""
+
+    __slots__ = ("_domain", "_attrs")
+
+    def __init__(self, domain, attrs) -> None:
+        self._domain, self._attrs = domain, attrs
+
+    def __enter__(self) -> None:
+        self._domain.push_range(self._attrs)
+
+    def __exit__(self, *exc) -> None:
+        self._domain.pop_range()
 
 
 class Handle:

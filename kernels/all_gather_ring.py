@@ -1,0 +1,42 @@
+"""Ring all_gather: n−1 steps around the ring 0 → 1 → … → n−1 → 0; in step s rank r passes on the
+block of rank r−s (its own first) and receives the block of rank r−s−1 straight into place.
+
+    commprof bench all_gather --algo ring --nproc 4
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+COLLECTIVE = "all_gather"
+NAME = "ring"
+expected = reference.all_gather
+
+
+def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
+    """Gather every rank's `input` into `output` (world_size × input, rank order)."""
+    n, r, chunk = comm.world_size, comm.rank, input.numel()
+    flat = output.view(-1)
+    block = [flat[i * chunk:(i + 1) * chunk] for i in range(n)]
+    if block[r].data_ptr() != input.data_ptr():
+        block[r].copy_(input.view(-1))
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        with comm.range(f"{NAME}::step{s}"):
+            comm.sendrecv(block[(r - s) % n], block[(r - s - 1) % n], dst=right, src=left)
+
+
+def steps(n: int, nbytes: int) -> int:
+    return n - 1
+
+
+def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
+    """Every block but that of rank r+1: (n−1)/n of the gathered size."""
+    return (n - 1) * (count // n) * itemsize
+
+
+def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
+    """(n−1) α + (n−1)/n · m β."""
+    return (n - 1) * (alpha + beta * nbytes / n)

@@ -1,0 +1,43 @@
+"""Pairwise-exchange all_to_all: n−1 steps; in step k rank r sends its chunk for rank r+k and
+receives the chunk of rank r−k, so every pair of ranks meets exactly once. Its own chunk is a
+local copy.
+
+    commprof bench all_to_all --algo pairwise --nproc 4
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+COLLECTIVE = "all_to_all"
+NAME = "pairwise"
+MODES = (False,)
+expected = reference.all_to_all
+
+
+def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
+    """Chunk j of every rank's `input` goes to rank j; chunk i of `output` comes from rank i."""
+    n, r = comm.world_size, comm.rank
+    chunk = input.numel() // n
+    src, out = input.view(-1), output.view(-1)
+    part = lambda t, i: t[i * chunk:(i + 1) * chunk]  # noqa: E731
+    part(out, r).copy_(part(src, r))
+    for k in range(1, n):
+        with comm.range(f"{NAME}::step{k - 1}"):
+            comm.sendrecv(part(src, (r + k) % n), part(out, (r - k) % n), dst=(r + k) % n, src=(r - k) % n)
+
+
+def steps(n: int, nbytes: int) -> int:
+    return n - 1
+
+
+def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
+    """Every chunk but its own."""
+    return (n - 1) * (count // n) * itemsize
+
+
+def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
+    """(n−1)(α + m/n β), m = one rank's whole input."""
+    return (n - 1) * (alpha + beta * nbytes / n)

@@ -1,0 +1,97 @@
+"""What every hand-written algorithm shares: the local reduction, how a vector is cut into blocks,
+and the power-of-two fix-up (fold) that recursive doubling and halving need on other rank counts.
+
+Only local work lives here; every byte between ranks goes through the Comm the algorithm is given.
+Exercised by: `pytest tests/test_kernels.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_COMBINE = {
+    "sum": torch.add,
+    "avg": torch.add,  # summed on the way, divided once at the end (finish)
+    "prod": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+}
+
+
+def unsupported(dtype: torch.dtype, op: str | None) -> str | None:
+    """Why the hand-written algorithms cannot reduce `dtype` with `op`, or None."""
+    if op == "avg" and not dtype.is_floating_point:
+        return "avg of integers has no single rounding rule"
+    return None
+
+
+def combine(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
+    """out = a (op) b, elementwise; `out` may alias `a` or `b`."""
+    _COMBINE[op](a, b, out=out)
+
+
+def finish(tensor: torch.Tensor, op: str, n: int) -> None:
+    """The last local touch of a reduction: avg divides the sum by the rank count."""
+    if op == "avg":
+        tensor.div_(n)
+
+
+def bounds(count: int, parts: int) -> list[int]:
+    """Offsets cutting `count` elements into `parts` blocks whose sizes differ by at most one (the
+    first count % parts blocks are one longer); block i is [b[i], b[i+1])."""
+    size, extra = divmod(count, parts)
+    out = [0]
+    for i in range(parts):
+        out.append(out[-1] + size + (i < extra))
+    return out
+
+
+def lower_pow2(n: int) -> int:
+    """The largest power of two not above n (n ≥ 1)."""
+    return 1 << (n.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The standard fix-up for n ranks that are not a power of two (MPICH, Thakur et al. 2005): with
+    p the largest power of two ≤ n and rem = n − p, the first 2·rem ranks pair up (2i, 2i+1); the even
+    one hands its data to the odd one and sits out the core algorithm, which runs on p ranks, then
+    gets its result back. Core rank c stands for the contiguous real ranks [first(c), first(c+1))."""
+
+    n: int
+    """Real ranks."""
+
+    @property
+    def p(self) -> int:
+        """Ranks in the core (a power of two)."""
+        return lower_pow2(self.n)
+
+    @property
+    def rem(self) -> int:
+        """Ranks that sit out the core."""
+        return self.n - self.p
+
+    def core(self, rank: int) -> int | None:
+        """Core rank of a real rank, None for the ones that sit out."""
+        if rank < 2 * self.rem:
+            return None if rank % 2 == 0 else rank // 2
+        return rank - self.rem
+
+    def real(self, core: int) -> int:
+        """The real rank that runs core rank `core`."""
+        return 2 * core + 1 if core < self.rem else core + self.rem
+
+    def first(self, core: int) -> int:
+        """First real rank core rank `core` stands for (first(p) = n)."""
+        return 2 * core if core < self.rem else core + self.rem
+
+    def partner(self, rank: int) -> int | None:
+        """The rank a folded pair exchanges with, None outside the first 2·rem ranks."""
+        return rank ^ 1 if rank < 2 * self.rem else None
+
+
+def log2_ceil(n: int) -> int:
+    """Rounds of an algorithm that doubles its reach each step: ⌈log2 n⌉."""
+    return (n - 1).bit_length()

@@ -4,6 +4,7 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     commprof bench                                  # every collective, one rank per core (or GPU)
     commprof bench all_reduce -b 8 -e 16M -f 2 --nproc 4 --json out.json
     mpiexec -n 2 commprof bench --backend mpi all_gather -d all
+    commprof bench all_reduce --algo library,ring,rabenseifner -e 64M   # hand-written vs the library's
 
 Exercised by: `pytest tests/test_bench_cli.py`.
 """
@@ -19,7 +20,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commprof import launch
+from commprof import kernels, launch
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.bench.runner import MODES, plan, sweep
@@ -40,6 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                    help=f"any of {', '.join(COLLECTIVES)} (default: all)")
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
+    p.add_argument("--algo", default=kernels.LIBRARY,
+                   help=f"library (the backend's own, default), any of {', '.join(kernels.names())}, "
+                        "a comma list, or all (library and every algorithm)")
     p.add_argument("--nproc", type=int, help="start N local ranks (default: one per core, or per GPU)")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size, K/M/G suffixes (default 8)")
     p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
@@ -59,12 +63,40 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=main)
 
 
-def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfig:
-    """Validate the flags; raise UsageError with one line naming the problem."""
-    names = args.collectives or list(COLLECTIVES)
-    for name in names:
+def parse_algos(spec: str) -> tuple[str, ...]:
+    """'library,ring' or 'all' -> algorithm names, library first when present."""
+    known = [kernels.LIBRARY, *kernels.names()]
+    if spec == "all":
+        return tuple(known)
+    algos = [a.strip() for a in spec.split(",") if a.strip()]
+    for algo in algos:
+        if algo not in known:
+            raise UsageError(f"unknown algorithm {algo!r}: choose from {', '.join(known)} or all")
+    return tuple(dict.fromkeys(algos)) or (kernels.LIBRARY,)
+
+
+def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
+    """The collectives named, or every one the algorithms implement; an algorithm named alone must
+    implement at least one of the collectives named."""
+    for name in args.collectives:
         if name not in COLLECTIVES:
             raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
+    if kernels.LIBRARY in algos:
+        return args.collectives or list(COLLECTIVES)
+    has = {c for c, by_name in kernels.ALGORITHMS.items() for a in algos if a in by_name}
+    if not args.collectives:
+        return [c for c in COLLECTIVES if c in has]
+    for algo in algos:
+        own = [c for c, by_name in kernels.ALGORITHMS.items() if algo in by_name]
+        if not set(own) & set(args.collectives):
+            raise UsageError(f"--algo {algo} implements {', '.join(own)}, not {', '.join(args.collectives)}")
+    return args.collectives
+
+
+def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfig:
+    """Validate the flags; raise UsageError with one line naming the problem."""
+    algos = parse_algos(args.algo)
+    names = _collectives(args, algos)
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
@@ -76,7 +108,7 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
     if world_size is not None and not 0 <= args.root < world_size:
         raise UsageError(f"--root {args.root} is outside 0..{world_size - 1}")
     cfg = BenchConfig(
-        collectives=tuple(dict.fromkeys(names)), backend=backend,
+        collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
         dtypes=tuple(dtype_name(d) for d in parse_dtypes(args.datatype)),
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
         min_bytes=parse_size(args.minbytes), max_bytes=parse_size(args.maxbytes),
@@ -90,15 +122,19 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
 
 
 def _require_supported(cfg: BenchConfig) -> None:
-    """An op or dtype asked for by name that the backend cannot run at all is an error."""
+    """An op or dtype asked for by name that none of the chosen algorithms can run is an error."""
     for name in cfg.collectives:
         coll = COLLECTIVES[name]
         if name == "barrier":
             continue
         for dtype in cfg.dtypes:
             for op in cfg.ops if coll.reduces else (None,):
-                reasons = [unsupported(cfg.backend, name, DTYPES[dtype], op, m) for m in MODES]
-                if all(reasons):
+                reasons = []
+                if kernels.LIBRARY in cfg.algos:
+                    reasons += [unsupported(cfg.backend, name, DTYPES[dtype], op, m) for m in MODES]
+                if any(kernels.find(name, a) for a in cfg.algos):
+                    reasons.append(kernels.unsupported(DTYPES[dtype], op))
+                if reasons and all(reasons):
                     raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
 
 
@@ -171,7 +207,8 @@ class _Sink:
         self.progress.start()
 
     def add(self, point, records: list[dict]) -> None:
-        if self.current and self.current[0]["collective"] != point.collective.name:
+        if self.current and (self.current[0]["collective"], self.current[0]["algo"]) != (
+                point.collective.name, point.algo):
             self._flush()
         self.current.extend(records)
         self.results.extend(records)
@@ -180,13 +217,14 @@ class _Sink:
                              description=f"{point.collective.name} {point.dtype or ''} {point.count} el.")
 
     def _flush(self) -> None:
-        name = self.current[0]["collective"]
-        notes = [n for n in self.plan.notes if n.startswith(name + " ")]
+        name, algo = self.current[0]["collective"], self.current[0]["algo"]
+        label = name if algo == kernels.LIBRARY else f"{name}/{algo}"
+        notes = [n for n in self.plan.notes if n.startswith((name + " ", label + " "))]
         self.shown.update(notes)
         self.progress.stop()
         self.console.print(bench_table(name, self.current, notes))
         if name != "barrier":
-            self.console.print(f"# {name} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
+            self.console.print(f"# {label} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
         self.progress.start()
         self.current = []
         if self.args.json:

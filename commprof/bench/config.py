@@ -16,6 +16,8 @@ class BenchConfig:
     """Collectives to sweep, in order."""
     backend: str
     """gloo, nccl or mpi."""
+    algos: tuple[str, ...] = ("library",)
+    """`library` (the backend's own collective) and/or commprof.kernels algorithm names (--algo)."""
     dtypes: tuple[str, ...] = ("float32",)
     """Element types (-d)."""
     ops: tuple[str, ...] = ("sum",)

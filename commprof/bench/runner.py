@@ -7,20 +7,27 @@ Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Callable, Iterator
 
+from commprof import kernels
+
+from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import BenchConfig
 from commprof.comm import Comm, unsupported
 from commprof.comm.dtypes import DTYPES
 from commprof.profile.stats import bandwidths, summarize
 
-MODES = (False, True)  # out-of-place, in-place: the order of nccl-tests' columns
+MODES = (False, True)
+LIBRARY = kernels.LIBRARY
+SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)  # out-of-place, in-place: the order of nccl-tests' columns
 
 
 @dataclass(frozen=True)
 class Point:
-    """One row of a table: a collective at one size, dtype and op."""
+    """One row of a table: a collective (the library's, or one hand-written algorithm) at one size,
+    dtype and op."""
 
     collective: Collective
     dtype: str | None
@@ -31,6 +38,10 @@ class Point:
     """Elements in the reported size after rounding."""
     modes: tuple[bool, ...]
     """Modes (in-place flags) the backend can run."""
+    algo: str = LIBRARY
+    """`library`, or the name of a commprof.kernels algorithm."""
+    module: ModuleType | None = None
+    """That algorithm's module (None for the library)."""
 
 
 @dataclass
@@ -40,26 +51,47 @@ class Plan:
     """Rounding and skipped combinations, said once in the report."""
 
 
+def collectives_to_sweep(cfg: BenchConfig) -> list[str]:
+    """cfg.collectives, with the sendrecv sweep first when a hand-written algorithm needs its α–β fit."""
+    names = list(cfg.collectives)
+    if any(a != LIBRARY for a in cfg.algos):
+        names = ["sendrecv"] + [n for n in names if n != "sendrecv"]
+    return names
+
+
 def plan(cfg: BenchConfig, world_size: int) -> Plan:
     """Every row the sweep will measure; UsageError-free (validation happens in the CLI)."""
     out, sizes = Plan(), cfg.sizes()
-    for name in cfg.collectives:
+    for name in collectives_to_sweep(cfg):
         coll = COLLECTIVES[name]
         if name == "barrier":
             out.points.append(Point(coll, None, None, 0, 0, (False,)))
             continue
-        for dtype in cfg.dtypes:
-            for op in (cfg.ops if coll.reduces else (None,)):
-                modes = tuple(m for m in MODES if not unsupported(cfg.backend, name, DTYPES[dtype], op, m))
-                if not modes:
-                    out.notes.append(f"{name} {dtype} {op or ''}: skipped, "
-                                     f"{unsupported(cfg.backend, name, DTYPES[dtype], op, True)}".replace("  ", " "))
-                    continue
-                out.points.extend(_sized(coll, dtype, op, modes, sizes, world_size, out.notes))
+        for algo in (cfg.algos if name != "sendrecv" else (LIBRARY,)):
+            module = None if algo == LIBRARY else kernels.find(name, algo)
+            if algo != LIBRARY and module is None:
+                continue  # `--algo all`: this collective has no algorithm of that name
+            for dtype in cfg.dtypes:
+                for op in (cfg.ops if coll.reduces else (None,)):
+                    modes, why = _modes(cfg.backend, name, module, DTYPES[dtype], op)
+                    if not modes:
+                        label = name if module is None else f"{name}/{algo}"
+                        out.notes.append(f"{label} {dtype} {op or ''}: skipped, {why}".replace("  ", " "))
+                        continue
+                    out.points.extend(_sized(coll, dtype, op, modes, sizes, world_size, out.notes, algo, module))
     return out
 
 
-def _sized(coll, dtype, op, modes, sizes, n, notes) -> Iterator[Point]:
+def _modes(backend: str, name: str, module, dtype, op) -> tuple[tuple[bool, ...], str | None]:
+    """The modes a point runs in, and why none when none."""
+    if module is None:
+        modes = tuple(m for m in MODES if not unsupported(backend, name, dtype, op, m))
+        return modes, None if modes else unsupported(backend, name, dtype, op, True)
+    why = kernels.unsupported(dtype, op)
+    return (() if why else kernels.modes(module)), why
+
+
+def _sized(coll, dtype, op, modes, sizes, n, notes, algo, module) -> Iterator[Point]:
     esize = DTYPES[dtype].itemsize
     unit = esize * n if coll.split else esize
     seen, rounded = set(), []
@@ -70,18 +102,22 @@ def _sized(coll, dtype, op, modes, sizes, n, notes) -> Iterator[Point]:
         if count == 0 or count in seen:
             continue
         seen.add(count)
-        yield Point(coll, dtype, op, requested, count, modes)
+        yield Point(coll, dtype, op, requested, count, modes, algo, module)
     if rounded:
         shown = ", ".join(f"{a}→{b}" for a, b in rounded[:4]) + (" …" if len(rounded) > 4 else "")
         why = f"{n} ranks × {esize} B" if coll.split else f"{esize} B elements"
-        notes.append(f"{coll.name} {dtype}: sizes rounded down to multiples of {why} "
-                     f"({shown}; sizes that reach 0 B or repeat are dropped)")
+        note = (f"{coll.name} {dtype}: sizes rounded down to multiples of {why} "
+                f"({shown}; sizes that reach 0 B or repeat are dropped)")
+        if note not in notes:  # said once for the library and every algorithm
+            notes.append(note)
 
 
-def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[list[int], int | None]:
-    """This rank's per-iteration times (ns) and wrong-element count for one point and mode."""
+def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[list[int], int | None, int | None]:
+    """This rank's per-iteration times (ns), wrong-element count, and (for a hand-written algorithm)
+    bytes it sent per call, for one point and mode."""
     dtype = DTYPES[point.dtype] if point.dtype else None
-    case = point.collective.prepare(comm, point.count, dtype, point.op or "sum", inplace, cfg.root)
+    target = comm if point.module is None else kernels.bind(comm, point.module)
+    case = point.collective.prepare(target, point.count, dtype, point.op or "sum", inplace, cfg.root)
     wrong = None
     if cfg.check:
         case.init()
@@ -93,21 +129,41 @@ def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[
     recorder = comm.recorder
     comm.control_barrier()
     mark = recorder.mark()
-    for _ in range(cfg.iters):
-        run()
-    times = recorder.durations_ns(mark)
+    if point.module is None:
+        for _ in range(cfg.iters):
+            run()
+        times, sent = recorder.durations_ns(mark), None
+    else:  # many point-to-point ops per call: time the call as a whole
+        clock, spans = comm.clock, []
+        for _ in range(cfg.iters):
+            start = clock.now()
+            run()
+            spans.append((start, clock.now()))
+        times = [clock.elapsed_ns(a, b) for a, b in spans]
+        sent = sum(nbytes for name, nbytes, *_ in recorder.ops[mark:] if name in SENDS) // cfg.iters
     recorder.clear()
-    return times, wrong
+    return times, wrong, sent
 
 
 def sweep(comm: Comm, cfg: BenchConfig, the_plan: Plan,
           on_point: Callable[[Point, list[dict]], None]) -> None:
-    """Measure every point; on rank 0 call `on_point(point, records)` as each completes."""
+    """Measure every point; on rank 0 call `on_point(point, records)` as each completes. The library
+    sendrecv rows (first in the plan when algorithms run) give the α–β fit the algorithms' rows carry."""
+    p2p: list[tuple[int, float]] = []
+    fit: alphabeta.AlphaBeta | None = None
     for point in the_plan.points:
         results = {m: measure(comm, cfg, point, m) for m in point.modes}
         gathered = comm.gather_object(results, dst=0)
-        if gathered is not None:
-            on_point(point, [make_record(comm, cfg, point, m, [g[m] for g in gathered]) for m in point.modes])
+        if gathered is None:
+            continue
+        records = [make_record(comm, cfg, point, m, [g[m] for g in gathered]) for m in point.modes]
+        if point.module is None and point.collective.name == "sendrecv":
+            p2p.extend((r["nbytes"], r["time_us"] * 1e-6) for r in records)
+        elif point.module is not None:
+            fit = fit or alphabeta.fit(p2p)
+            for rec in records:
+                add_model(rec, point, comm.world_size, fit)
+        on_point(point, records)
 
 
 def make_record(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool, per_rank: list) -> dict:
@@ -115,12 +171,12 @@ def make_record(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool, per_r
     coll, n = point.collective, comm.world_size
     esize = DTYPES[point.dtype].itemsize if point.dtype else 0
     nbytes = point.count * esize
-    times = [t for t, _ in per_rank]
-    wrongs = [w for _, w in per_rank]
+    times = [t for t, _, _ in per_rank]
+    wrongs = [w for _, w, _ in per_rank]
     stats = summarize(times, cfg.agg)
     algbw, busbw = bandwidths(nbytes, stats["time_us"], coll.bus_factor(n))
-    return {
-        "collective": coll.name, "backend": cfg.backend, "world_size": n,
+    record = {
+        "collective": coll.name, "algo": point.algo, "backend": cfg.backend, "world_size": n,
         "dtype": point.dtype, "redop": point.op, "root": cfg.root if coll.name in ("broadcast", "reduce") else None,
         "inplace": inplace, "nbytes": nbytes, "count": point.count, "requested_nbytes": point.requested,
         "time_us": stats.pop("time_us"), "algbw_GBps": algbw, "busbw_GBps": busbw,
@@ -130,3 +186,17 @@ def make_record(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool, per_r
         **stats,
         "times_us": [[t / 1e3 for t in row] for row in times],
     }
+    if point.module is not None:
+        record["sent_bytes"] = [s for _, _, s in per_rank]
+        record["sent_bytes_model"] = [point.module.sent_bytes(n, r, point.count, esize, cfg.root) for r in range(n)]
+    return record
+
+
+def add_model(record: dict, point: Point, n: int, fit: alphabeta.AlphaBeta | None) -> None:
+    """The algorithm's step count and α–β prediction, next to what was measured."""
+    module = point.module
+    record["steps"] = module.steps(n, record["nbytes"])
+    record["alpha_beta"] = None if fit is None else fit.as_record()
+    model = None if fit is None else module.cost(n, record["nbytes"], fit.alpha_s, fit.beta_s_per_byte) * 1e6
+    record["model_us"] = model
+    record["time_over_model"] = record["time_us"] / model if model else None

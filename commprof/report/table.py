@@ -47,9 +47,13 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
     for rec in records:
         rows.setdefault((rec["dtype"], rec["redop"], rec["nbytes"]), {})[rec["inplace"]] = rec
     first = records[0]
-    table = Table(title=f"{collective} · {first['backend']} · {first['world_size']} rank(s) · "
+    algo = first.get("algo", "library")
+    modelled = algo != "library"
+    named = collective if not modelled else f"{collective} · algorithm {algo}"
+    caption = list(notes) + ([model_note(first)] if modelled else [])
+    table = Table(title=f"{named} · {first['backend']} · {first['world_size']} rank(s) · "
                         f"time = {first['agg']} over ranks of the mean of {first['iters']} iterations",
-                  caption="\n".join(notes) or None, caption_justify="left", header_style="bold")
+                  caption="\n".join(caption) or None, caption_justify="left", header_style="bold")
     barrier = collective == "barrier"
     if not barrier:
         for name in ("size (B)", "count", "type", "redop", "root"):
@@ -59,6 +63,9 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
         if not barrier:
             for name in ("algbw (GB/s)", "busbw (GB/s)", "#wrong"):
                 table.add_column(f"\n{name}", justify="right")
+    if modelled:
+        for name in ("steps", "sent/rank (B)", "α–β model (us)", "time/model"):
+            table.add_column(f"\n{name}", justify="right")
     table.add_column("\np99 (us)", justify="right")
     table.add_column("slowest\nrank", justify="right")
     for (dtype, op, nbytes), by_mode in rows.items():
@@ -72,9 +79,32 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
             cells.append(_num(rec and rec["time_us"]))
             if not barrier:
                 cells += [_num(rec and rec["algbw_GBps"]), _num(rec and rec["busbw_GBps"]), _wrong(rec)]
+        if modelled:
+            cells += _model_cells(ref)
         cells += [_num(ref["p99_us"]), str(ref["slowest_rank"])]
         table.add_row(*cells)
     return table
+
+
+def _model_cells(rec: dict) -> list:
+    """Steps, the most any rank sent (red when a rank's bytes differ from the formula), the α–β
+    prediction and measured / predicted, for the first mode of a row."""
+    sent, model = rec["sent_bytes"], rec["sent_bytes_model"]
+    exact = sent == model
+    cells = [str(rec["steps"]), Text(str(max(sent)), style="" if exact else "bold red")]
+    cells += [_num(rec["model_us"]), _num(rec["time_over_model"])]
+    return cells
+
+
+def model_note(rec: dict) -> str:
+    """What the α–β column was fitted from."""
+    fit = rec.get("alpha_beta")
+    if not fit:
+        return "α–β model: no fit (the sendrecv sweep needs two sizes or more: give -b < -e)"
+    bw = f", {fit['bandwidth_GBps']:.2f} GB/s" if fit["bandwidth_GBps"] else ""
+    return (f"α–β model from this run's sendrecv sweep: α = {fit['alpha_us']:.2f} µs, "
+            f"β = {fit['beta_ns_per_B']:.4f} ns/B{bw} (fit within {100 * fit['max_rel_err']:.0f} % "
+            f"over {fit['points']} sizes); sent/rank = the most any rank sent in one call")
 
 
 def avg_busbw(records: list[dict]) -> float:

@@ -13,9 +13,9 @@ import os
 import tempfile
 from pathlib import Path
 
-CSV_COLUMNS = ("collective", "backend", "world_size", "dtype", "redop", "root", "inplace", "nbytes", "count",
+CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "dtype", "redop", "root", "inplace", "nbytes", "count",
                "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank",
-               "slowest_rank", "p50_us", "p99_us", "min_us", "max_us")
+               "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
 
 
 def write_atomic(path: str | Path, text: str) -> None:

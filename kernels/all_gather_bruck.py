@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import log2_ceil
+from .common import log2_ceil, scratch
 
 COLLECTIVE = "all_gather"
 NAME = "bruck"
@@ -21,7 +21,7 @@ def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
     """Gather every rank's `input` into `output` (world_size × input, rank order)."""
     n, r, chunk = comm.world_size, comm.rank, input.numel()
     flat = output.view(-1)
-    rotated = torch.empty_like(flat)  # block j = the block of rank (r + j) mod n
+    rotated = scratch(comm, flat.numel(), flat)  # block j = the block of rank (r + j) mod n
     rotated[:chunk].copy_(input.view(-1))
     for step in range(log2_ceil(n)):
         d = 1 << step

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import combine, finish
+from .common import combine, finish, scratch
 
 COLLECTIVE = "all_reduce"
 NAME = "binary_tree"
@@ -26,12 +26,11 @@ def run(comm, tensor: torch.Tensor, *, op: str = "sum", output: torch.Tensor | N
     buf = tensor if output is None else output.copy_(tensor)
     n, r = comm.world_size, comm.rank
     flat, children, parent = buf.view(-1), _children(r, n), (r - 1) // 2
-    if children:
-        scratch = torch.empty_like(flat)
+    incoming = scratch(comm, flat.numel(), flat) if children else None
     for i, child in enumerate(children):
         with comm.range(f"{NAME}::reduce::child{i}"):
-            comm.recv(scratch, src=child)
-            combine(flat, flat, scratch, op)
+            comm.recv(incoming, src=child)
+            combine(flat, flat, incoming, op)
     if r > 0:
         with comm.range(f"{NAME}::reduce::parent"):
             comm.send(flat, dst=parent)

@@ -15,7 +15,7 @@ import torch
 
 from . import reference
 from .all_gather_recursive_doubling import double, sent_in_core
-from .common import Fold, bounds, combine, finish, log2_ceil
+from .common import Fold, bounds, combine, finish, log2_ceil, scratch
 from .reduce_scatter_recursive_halving import halve
 
 COLLECTIVE = "all_reduce"
@@ -35,9 +35,9 @@ def run(comm, tensor: torch.Tensor, *, op: str = "sum", output: torch.Tensor | N
                 if core is None:
                     comm.send(flat, dst=partner)
                 else:
-                    scratch = torch.empty_like(flat)
-                    comm.recv(scratch, src=partner)
-                    combine(flat, flat, scratch, op)
+                    incoming = scratch(comm, flat.numel(), flat)
+                    comm.recv(incoming, src=partner)
+                    combine(flat, flat, incoming, op)
         if core is not None:
             b = bounds(flat.numel(), fold.p)
             halve(comm, flat, flat, b, fold, op, NAME)

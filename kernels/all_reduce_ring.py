@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import bounds, combine, finish
+from .common import bounds, combine, finish, scratch
 
 COLLECTIVE = "all_reduce"
 NAME = "ring"
@@ -29,11 +29,11 @@ def run(comm, tensor: torch.Tensor, *, op: str = "sum", output: torch.Tensor | N
         b = bounds(buf.numel(), n)
         flat = buf.view(-1)
         block = [flat[b[i]:b[i + 1]] for i in range(n)]
-        scratch = torch.empty(b[1] - b[0], dtype=buf.dtype, device=buf.device)
+        incoming_buf = scratch(comm, b[1] - b[0], buf)
         right, left = (r + 1) % n, (r - 1) % n
         for s in range(n - 1):
             out, into = block[(r - s - 1) % n], block[(r - s - 2) % n]
-            incoming = scratch[:into.numel()]
+            incoming = incoming_buf[:into.numel()]
             with comm.range(f"ring::reduce_scatter::step{s}"):
                 comm.sendrecv(out, incoming, dst=right, src=left)
                 combine(into, into, incoming, op)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import Fold, combine, finish, log2_ceil
+from .common import Fold, combine, finish, log2_ceil, scratch
 
 COLLECTIVE = "reduce_scatter"
 NAME = "recursive_halving"
@@ -26,14 +26,14 @@ def halve(comm, src: torch.Tensor, work: torch.Tensor, b: list[int], fold: Fold,
     work[b[c]:b[c+1]] its blocks reduced over every core rank. `src` holds this rank's data (it may be
     `work` itself); only `work` is written."""
     c = fold.core(comm.rank)
-    scratch = torch.empty(b[-1], dtype=work.dtype, device=work.device)
+    incoming_buf = scratch(comm, b[-1], work, slot=1)
     lo, hi = 0, fold.p
     for step in range(log2_ceil(fold.p)):
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if c < mid else ((mid, hi), (lo, mid))
         peer = fold.real(c ^ (1 << (log2_ceil(fold.p) - 1 - step)))
         k0, k1 = b[keep[0]], b[keep[1]]
-        incoming = scratch[:k1 - k0]
+        incoming = incoming_buf[:k1 - k0]
         with comm.range(f"{name}::reduce_scatter::step{step}"):
             comm.sendrecv(src[b[give[0]]:b[give[1]]], incoming, dst=peer, src=peer)
             combine(work[k0:k1], src[k0:k1], incoming, op)
@@ -53,7 +53,7 @@ def run(comm, output: torch.Tensor, input: torch.Tensor, *, op: str = "sum") -> 
         with comm.range(f"{NAME}::unfold"):
             comm.recv(out, src=partner)
     else:
-        work, src = torch.empty_like(flat), flat
+        work, src = scratch(comm, flat.numel(), flat, slot=0), flat
         if partner is not None:
             with comm.range(f"{NAME}::fold"):
                 comm.recv(work, src=partner)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import combine, finish
+from .common import combine, finish, scratch
 
 COLLECTIVE = "reduce_scatter"
 NAME = "ring"
@@ -27,7 +27,7 @@ def run(comm, output: torch.Tensor, input: torch.Tensor, *, op: str = "sum") -> 
         if out.data_ptr() != flat.data_ptr():
             out.copy_(flat)
     else:
-        acc, incoming = torch.empty_like(out), torch.empty_like(out)
+        acc, incoming = scratch(comm, chunk, out, 0), scratch(comm, chunk, out, 1)
         send = block[(r - 1) % n]
         right, left = (r + 1) % n, (r - 1) % n
         for s in range(n - 1):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import Fold, log2_ceil
+from .common import Fold, fold_out, log2_ceil
 
 COLLECTIVE = "all_gather"
 NAME = "recursive_doubling"
@@ -60,12 +60,7 @@ def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
                 comm.recv(flat[partner * chunk:(partner + 1) * chunk], src=partner)
     if core is not None:
         double(comm, flat, [chunk * fold.first(c) for c in range(fold.p + 1)], fold, NAME)
-    if partner is not None:
-        with comm.range(f"{NAME}::unfold"):
-            if core is None:
-                comm.recv(flat, src=partner)
-            else:
-                comm.send(flat, dst=partner)
+    fold_out(comm, fold, flat, NAME)
 
 
 def steps(n: int, nbytes: int) -> int:

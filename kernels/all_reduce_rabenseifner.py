@@ -15,7 +15,7 @@ import torch
 
 from . import reference
 from .all_gather_recursive_doubling import double, sent_in_core
-from .common import Fold, bounds, combine, finish, log2_ceil, scratch
+from .common import Fold, bounds, finish, fold_in, fold_out, log2_ceil
 from .reduce_scatter_recursive_halving import halve
 
 COLLECTIVE = "all_reduce"
@@ -29,25 +29,12 @@ def run(comm, tensor: torch.Tensor, *, op: str = "sum", output: torch.Tensor | N
     n, r = comm.world_size, comm.rank
     if n > 1:
         flat, fold = buf.view(-1), Fold(n)
-        core, partner = fold.core(r), fold.partner(r)
-        if partner is not None:
-            with comm.range(f"{NAME}::fold"):
-                if core is None:
-                    comm.send(flat, dst=partner)
-                else:
-                    incoming = scratch(comm, flat.numel(), flat)
-                    comm.recv(incoming, src=partner)
-                    combine(flat, flat, incoming, op)
-        if core is not None:
+        fold_in(comm, fold, flat, op, NAME)
+        if fold.core(r) is not None:
             b = bounds(flat.numel(), fold.p)
             halve(comm, flat, flat, b, fold, op, NAME)
             double(comm, flat, b, fold, NAME)
-        if partner is not None:
-            with comm.range(f"{NAME}::unfold"):
-                if core is None:
-                    comm.recv(flat, src=partner)
-                else:
-                    comm.send(flat, dst=partner)
+        fold_out(comm, fold, flat, NAME)
     finish(buf, op, n)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import Fold, combine, finish, log2_ceil, scratch
+from .common import Fold, combine, finish, fold_in, fold_out, log2_ceil, scratch
 
 COLLECTIVE = "all_reduce"
 NAME = "recursive_doubling"
@@ -25,27 +25,16 @@ def run(comm, tensor: torch.Tensor, *, op: str = "sum", output: torch.Tensor | N
     n, r = comm.world_size, comm.rank
     if n > 1:
         flat, fold = buf.view(-1), Fold(n)
-        incoming = scratch(comm, flat.numel(), flat)
-        core, partner = fold.core(r), fold.partner(r)
-        if partner is not None:
-            with comm.range(f"{NAME}::fold"):
-                if core is None:
-                    comm.send(flat, dst=partner)
-                else:
-                    comm.recv(incoming, src=partner)
-                    combine(flat, flat, incoming, op)
+        core = fold.core(r)
+        fold_in(comm, fold, flat, op, NAME)
         if core is not None:
+            incoming = scratch(comm, flat.numel(), flat)
             for step in range(log2_ceil(fold.p)):
                 peer = fold.real(core ^ (1 << step))
                 with comm.range(f"{NAME}::step{step}"):
                     comm.sendrecv(flat, incoming, dst=peer, src=peer)
                     combine(flat, flat, incoming, op)  # a∘b == b∘a bit for bit: both sides agree
-        if partner is not None:
-            with comm.range(f"{NAME}::unfold"):
-                if core is None:
-                    comm.recv(flat, src=partner)
-                else:
-                    comm.send(flat, dst=partner)
+        fold_out(comm, fold, flat, NAME)
     finish(buf, op, n)
 
 

@@ -110,6 +110,33 @@ class Fold:
         return rank ^ 1 if rank < 2 * self.rem else None
 
 
+def fold_in(comm, fold: Fold, flat: torch.Tensor, op: str, name: str) -> None:
+    """The fix-up's first step for a whole-vector reduction: the even rank of a pair sends its vector,
+    the odd one reduces it into its own. Nothing for ranks outside the pairs."""
+    partner = fold.partner(comm.rank)
+    if partner is None:
+        return
+    with comm.range(f"{name}::fold"):
+        if fold.core(comm.rank) is None:
+            comm.send(flat, dst=partner)
+        else:
+            incoming = scratch(comm, flat.numel(), flat)
+            comm.recv(incoming, src=partner)
+            combine(flat, flat, incoming, op)
+
+
+def fold_out(comm, fold: Fold, flat: torch.Tensor, name: str) -> None:
+    """The fix-up's last step: the odd rank of a pair sends the whole result to the even one."""
+    partner = fold.partner(comm.rank)
+    if partner is None:
+        return
+    with comm.range(f"{name}::unfold"):
+        if fold.core(comm.rank) is None:
+            comm.recv(flat, src=partner)
+        else:
+            comm.send(flat, dst=partner)
+
+
 def log2_ceil(n: int) -> int:
     """Rounds of an algorithm that doubles its reach each step: ⌈log2 n⌉."""
     return (n - 1).bit_length()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 CONFIGS = (("gloo", 2), ("mpi", 2), ("gloo", 4), ("mpi", 4))
-SHOWN_SIZES = (8 << 10, 1 << 20, 16 << 20)
+SHOWN_SIZES = (8 << 10, 512 << 10, 8 << 20)
 
 
 def bench(args: list[str]) -> list[dict]:
@@ -134,7 +134,13 @@ def main() -> None:
     p.add_argument("--sweep-max", default="16M", help="largest size of the model sweep (-e)")
     p.add_argument("--json", default=str(HERE / "algorithms-results.json"))
     p.add_argument("--png", default=str(HERE / "algorithms.png"))
+    p.add_argument("--replot", action="store_true", help="only redraw the table and PNG from --json")
     args = p.parse_args()
+    if args.replot:
+        doc = json.loads(Path(args.json).read_text())
+        print(model_table(doc["model_sweep"]))
+        plot(doc["model_sweep"], Path(args.png))
+        return
     ring = ring_vs_library(args.rounds, args.iters)
     sweep = model_sweep(args.sweep_max, args.iters)
     print(model_table(sweep))

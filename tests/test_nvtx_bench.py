@@ -31,6 +31,6 @@ def test_every_measured_op_is_one_comm_range(tmp_path, backend):
                          if r["pid"] == pid and r["kind"] == "push" and r["domain"] == "commprof")
         # per mode: 1 checked run + 2 warm-up + 4 timed iterations
         all_reduce_modes = 2 if backend == "mpi" else 1  # torch has no out-of-place all_reduce
-        assert pushes[("comm", "all_reduce 1 KiB float32")] == 7 * all_reduce_modes
-        assert pushes[("comm", "all_gather 1 KiB float32")] == 7 * 2
-        assert set(pushes) == {("comm", "all_reduce 1 KiB float32"), ("comm", "all_gather 1 KiB float32")}
+        assert pushes[("comm", "all_reduce (world) 1 KiB float32")] == 7 * all_reduce_modes
+        assert pushes[("comm", "all_gather (world) 1 KiB float32")] == 7 * 2
+        assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"), ("comm", "all_gather (world) 1 KiB float32")}

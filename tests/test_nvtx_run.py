@@ -31,9 +31,14 @@ def test_iterations_phases_ops_and_waits_are_ranges(tmp_path):
         pushes = [r for r in records if r["pid"] == pid and r["kind"] == "push"]
         count = Counter((r["category"], r["message"].split(" ")[0]) for r in pushes)
         assert count[("iteration", "iteration")] == 3
-        for phase in ("forward", "backward", "step"):
+        for phase in ("forward", "backward"):
             assert count[("compute", phase)] == 3
+        assert count[("optimizer", "step")] == 3
         assert count[("data", "data")] == 3
         assert count[("comm", "all_reduce")] == 3 * 3
         assert count[("wait", "wait")] == 3 * 3
         assert all(r["depth"] >= 1 for r in pushes if r["category"] in ("comm", "wait", "compute", "data"))
+        ops = [r for r in pushes if r["category"] == "comm"]
+        assert all(r["message"].startswith("all_reduce (world) ") and r["message"].endswith(" float32") for r in ops)
+        assert sum(r["payload"] for r in ops) == 3 * 87_360  # the bytes ride along as the NVTX payload
+        assert {r["color"] for r in ops} == {0xFFF44336}

@@ -13,9 +13,9 @@
  * Use:
  *   NVTX_INJECTION64_PATH=/abs/libnvtx_recorder.so \
  *   COMMPROF_NVTX_RECORD=/tmp/rec  python my_script.py
- * Each process appends to "/tmp/rec.<pid>", one line per event, 6 fields
+ * Each process appends to "/tmp/rec.<pid>", one line per event, 9 fields
  * separated by TAB (tabs/newlines inside strings are replaced by spaces):
- *   kind  domain  category  message  n  tid
+ *   kind  domain  category  message  n  tid  ts_ns  color  payload
  *   kind     push | pop | mark | start | end
  *   domain   domain name, "" for the default (NULL) domain
  *   category name given via nvtx[Domain]NameCategory, "" if category 0,
@@ -25,6 +25,10 @@
  *            pop: depth of the closed range, -1 for an unbalanced pop;
  *            mark: current depth; start/end: the process-range id
  *   tid      Linux thread id
+ *   ts_ns    CLOCK_MONOTONIC in ns when the call arrived (Python's
+ *            time.perf_counter_ns() on Linux reads the same clock)
+ *   color    ARGB as 8 hex digits, "" if the event has none
+ *   payload  the event's numeric payload (integer or float), "" if none
  * Lines are written with one write(2) each on an O_APPEND fd, so nothing is
  * lost on os._exit() or crashes after the call returns.  If
  * COMMPROF_NVTX_RECORD is unset the tool declines to attach (NVTX no-ops).
@@ -39,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <wchar.h>
 
@@ -86,10 +91,13 @@ static const char *category_name(int dom, uint32_t id, char *tmp, size_t tmplen)
     return tmp;
 }
 
-static void emit(const char *kind, int dom, uint32_t cat, const char *msg, long long n)
+static void emit(const char *kind, int dom, const nvtxEventAttributes_t *a, const char *msg, long long n)
 {
     char line[LINE_MAX_LEN], tmp[16];
     size_t len = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint32_t cat = a ? a->category : 0;
     pthread_mutex_lock(&g_lock);
     pid_t pid = getpid();
     if (g_fd < 0 || g_fd_pid != pid) {  /* first event, or we are a fork()ed child */
@@ -103,7 +111,27 @@ static void emit(const char *kind, int dom, uint32_t cat, const char *msg, long 
     put(line, &len, dom_name(dom)); line[len++] = '\t';
     put(line, &len, category_name(dom, cat, tmp, sizeof tmp)); line[len++] = '\t';
     put(line, &len, msg);
-    len += snprintf(line + len, sizeof line - len, "\t%lld\t%ld\n", n, (long)syscall(SYS_gettid));
+    len += snprintf(line + len, sizeof line - len, "\t%lld\t%ld\t%lld\t", n, (long)syscall(SYS_gettid),
+                    (long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+    if (a && a->colorType == NVTX_COLOR_ARGB)
+        len += snprintf(line + len, sizeof line - len, "%08x", a->color);
+    line[len++] = '\t';
+    if (a) switch (a->payloadType) {
+    case NVTX_PAYLOAD_TYPE_UNSIGNED_INT64:
+        len += snprintf(line + len, sizeof line - len, "%llu", (unsigned long long)a->payload.ullValue); break;
+    case NVTX_PAYLOAD_TYPE_INT64:
+        len += snprintf(line + len, sizeof line - len, "%lld", (long long)a->payload.llValue); break;
+    case NVTX_PAYLOAD_TYPE_UNSIGNED_INT32:
+        len += snprintf(line + len, sizeof line - len, "%u", a->payload.uiValue); break;
+    case NVTX_PAYLOAD_TYPE_INT32:
+        len += snprintf(line + len, sizeof line - len, "%d", a->payload.iValue); break;
+    case NVTX_PAYLOAD_TYPE_DOUBLE:
+        len += snprintf(line + len, sizeof line - len, "%.17g", a->payload.dValue); break;
+    case NVTX_PAYLOAD_TYPE_FLOAT:
+        len += snprintf(line + len, sizeof line - len, "%.9g", (double)a->payload.fValue); break;
+    default: break;
+    }
+    line[len++] = '\n';
     if (g_fd >= 0 && write(g_fd, line, len) < 0) { /* nothing sensible to do */ }
     pthread_mutex_unlock(&g_lock);
 }
@@ -127,7 +155,7 @@ static int push_ex(int dom, const nvtxEventAttributes_t *a)
     char *owned;
     const char *msg = event_message(a, &owned);
     int depth = t_depth[dom]++;
-    emit("push", dom, a ? a->category : 0, msg, depth);
+    emit("push", dom, a, msg, depth);
     free(owned);
     return depth;
 }
@@ -135,7 +163,7 @@ static int push_ex(int dom, const nvtxEventAttributes_t *a)
 static int pop(int dom)
 {
     int depth = t_depth[dom] > 0 ? --t_depth[dom] : -1;
-    emit("pop", dom, 0, "", depth);
+    emit("pop", dom, NULL, "", depth);
     return depth;
 }
 
@@ -143,7 +171,7 @@ static void mark_ex(int dom, const nvtxEventAttributes_t *a)
 {
     char *owned;
     const char *msg = event_message(a, &owned);
-    emit("mark", dom, a ? a->category : 0, msg, t_depth[dom]);
+    emit("mark", dom, a, msg, t_depth[dom]);
     free(owned);
 }
 
@@ -152,7 +180,7 @@ static nvtxRangeId_t start_ex(int dom, const nvtxEventAttributes_t *a)
     char *owned;
     const char *msg = event_message(a, &owned);
     nvtxRangeId_t id = __atomic_fetch_add(&g_next_range_id, 1, __ATOMIC_RELAXED);
-    emit("start", dom, a ? a->category : 0, msg, (long long)id);
+    emit("start", dom, a, msg, (long long)id);
     free(owned);
     return id;
 }
@@ -204,7 +232,7 @@ static void NVTX_API h_MarkEx(const nvtxEventAttributes_t *a) { mark_ex(0, a); }
 static void NVTX_API h_MarkA(const char *m)
 { nvtxEventAttributes_t a = text_attr(NVTX_MESSAGE_TYPE_ASCII, m); mark_ex(0, &a); }
 static nvtxRangeId_t NVTX_API h_RangeStartEx(const nvtxEventAttributes_t *a) { return start_ex(0, a); }
-static void NVTX_API h_RangeEnd(nvtxRangeId_t id) { emit("end", 0, 0, "", (long long)id); }
+static void NVTX_API h_RangeEnd(nvtxRangeId_t id) { emit("end", 0, NULL, "", (long long)id); }
 static void NVTX_API h_NameCategoryA(uint32_t id, const char *n) { name_category(0, id, n); }
 static void NVTX_API h_NameCategoryW(uint32_t id, const wchar_t *n)
 { char *s = wide_to_ascii(n); name_category(0, id, s); free(s); }
@@ -218,7 +246,7 @@ static void NVTX_API h_DomainMarkEx(nvtxDomainHandle_t d, const nvtxEventAttribu
 static nvtxRangeId_t NVTX_API h_DomainRangeStartEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a)
 { return start_ex(dom_index(d), a); }
 static void NVTX_API h_DomainRangeEnd(nvtxDomainHandle_t d, nvtxRangeId_t id)
-{ emit("end", dom_index(d), 0, "", (long long)id); }
+{ emit("end", dom_index(d), NULL, "", (long long)id); }
 static void NVTX_API h_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t id, const char *n)
 { name_category(dom_index(d), id, n); }
 static void NVTX_API h_DomainNameCategoryW(nvtxDomainHandle_t d, uint32_t id, const wchar_t *n)

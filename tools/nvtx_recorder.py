@@ -118,22 +118,33 @@ def read_records(prefix: Path) -> list[dict]:
     Each record: ``pid, kind ('push'|'pop'|'mark'|'start'|'end'), domain
     ('' = default domain), category (name, '' if none, str(id) if unnamed),
     message, depth (int; push/pop/mark, else None), range_id (int; start/end,
-    else None), tid``.
+    else None), tid, ts_ns (CLOCK_MONOTONIC), color (ARGB int or None), payload
+    (int/float or None)``.
     """
     records = []
     for path in record_files(prefix):
         pid = int(path.name.rsplit(".", 1)[1])
         for line in path.read_text(errors="replace").splitlines():
             fields = line.split("\t")
-            if len(fields) != 6:
+            if len(fields) != 9:
                 raise ValueError(f"{path}: malformed NVTX record line {line!r}")
-            kind, domain, category, message, n, tid = fields
+            kind, domain, category, message, n, tid, ts, color, payload = fields
             ranged = kind in ("start", "end")
             records.append(dict(
                 pid=pid, kind=kind, domain=domain, category=category, message=message,
                 depth=None if ranged else int(n), range_id=int(n) if ranged else None,
-                tid=int(tid)))
+                tid=int(tid), ts_ns=int(ts), color=int(color, 16) if color else None,
+                payload=_number(payload)))
     return records
+
+
+def _number(text: str):
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def unbalanced(records: list[dict]) -> dict:

@@ -1,8 +1,9 @@
 """Comm: the one door to the network. Every byte that crosses ranks goes through a Comm method.
 
 Each data-plane call is, here and only here: wrapped in an NVTX range (domain `commprof`, category
-`comm`, message "<op> <size> <dtype>"), timed from issue to completion with the backend's clock, and
-logged with its payload bytes in nccl-tests' size convention. Backends (torch.distributed, mpi4py)
+`comm` — `bubble` for a pipeline's send/recv —, message "<op> (<group>) <size> <dtype>", payload = the
+bytes; profile/annotate.py names everything), timed from issue to completion with the backend's clock,
+and logged with its payload bytes in nccl-tests' size convention. Backends (torch.distributed, mpi4py)
 implement the `_op` methods; they never time or count anything themselves.
 
 Names follow torch.distributed; tensor flavours throughout: `all_gather(output, input)` fills one flat
@@ -19,16 +20,14 @@ from __future__ import annotations
 import threading
 import time
 
-import nvtx
 import torch
 
 from commprof.comm.dtypes import dtype_name
 from commprof.errors import CommprofError, PeerTimeoutError
+from commprof.profile.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
 from commprof.profile.recorder import OpRecorder
-from commprof.report.units import format_bytes
 
-DOMAIN = "commprof"
-_MISSING = object()
+__all__ = ["Comm", "Handle", "DOMAIN"]
 
 
 class Comm:
@@ -45,10 +44,8 @@ class Comm:
         self.clock = clock
         self.recorder = recorder if recorder is not None else OpRecorder(clock)
         self._now = clock.now
-        self._log = self.recorder.ops.append
-        self._domain = nvtx.get_domain(DOMAIN)
+        self._append = self.recorder.ops.append
         self._labels: dict = {}
-        self._ranges: dict = {}
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
         self.busy_seq = 0
@@ -110,10 +107,10 @@ class Comm:
 
     # ---- the single place where ops are wrapped, timed and logged ---------------------------
     def _call(self, name: str, nbytes: int, dtype, async_op: bool, fn, *args):
-        attrs = self._labels.get((name, nbytes, dtype), _MISSING)
-        if attrs is _MISSING:  # (with no NVTX tool attached, attributes are None: still cached)
-            attrs = self._label(name, nbytes, dtype)
-        self._domain.push_range(attrs)
+        label = self._labels.get((name, nbytes, dtype))
+        if label is None:
+            label = self._label(name, nbytes, dtype)
+        ANNOTATOR.push(label)
         self.busy_seq += 1
         self.busy = name
         try:
@@ -128,7 +125,7 @@ class Comm:
             raise self.failure(name, exc) from exc
         finally:
             self.busy = None
-            self._domain.pop_range()
+            ANNOTATOR.pop()
         self._log((name, nbytes, self.world_size, start, end, False, self.label))
         return None
 
@@ -145,21 +142,25 @@ class Comm:
             return CommprofError(f"rank {self.rank}: {name} failed: a peer rank exited ({first})")
         return CommprofError(f"rank {self.rank}: {name} failed: {first}")
 
-    def _label(self, name: str, nbytes: int, dtype, category: str = "comm"):
-        size = f" {format_bytes(nbytes)}" if dtype is not None else ""
-        kind = f" {dtype_name(dtype)}" if dtype is not None else ""
-        attrs = self._domain.get_event_attributes(message=f"{name}{size}{kind}", category=category)
-        self._labels[(name, nbytes, dtype)] = attrs
-        return attrs
+    def _label(self, name: str, nbytes: int, dtype):
+        if name.startswith("wait "):
+            label = ANNOTATOR.label(f"{name} ({self.label})", "wait")
+        else:
+            kind = dtype_name(dtype) if dtype is not None else None
+            label = ANNOTATOR.label(op_message(name, nbytes, kind, self.label), op_category(name, self.label),
+                                    payload=nbytes if dtype is not None else None)
+        self._labels[(name, nbytes, dtype)] = label
+        return label
 
-    def range(self, message: str) -> "_Range":
+    def range(self, message: str) -> Range:
         """An NVTX range (category `kernel`) around several ops, e.g. one step of a hand-written
         algorithm: `with comm.range("ring::reduce_scatter::step2"): ...`. Neither timed nor counted."""
-        attrs = self._ranges.get(message, _MISSING)
-        if attrs is _MISSING:
-            attrs = self._domain.get_event_attributes(message=message, category="kernel")
-            self._ranges[message] = attrs
-        return _Range(self._domain, attrs)
+        return Range(ANNOTATOR.label(message, "kernel"))
+
+    def _log(self, entry: tuple) -> None:
+        self._append(entry)
+        if ANNOTATOR.trace is not None:
+            ANNOTATOR.trace.op(entry, self.clock)
 
     # ---- control plane: bookkeeping between ranks, neither timed nor counted ----------------
     def gather_object(self, obj, dst: int = 0) -> list | None:
@@ -217,21 +218,6 @@ class Comm:
         """Arrange for `done(perf_counter_ns())` to run when `work` completes, if the backend can tell."""
 
 
-class _Range:
-    """Context manager pushing one cached NVTX range; cheap enough to wrap every algorithm step."""
-
-    __slots__ = ("_domain", "_attrs")
-
-    def __init__(self, domain, attrs) -> None:
-        self._domain, self._attrs = domain, attrs
-
-    def __enter__(self) -> None:
-        self._domain.push_range(self._attrs)
-
-    def __exit__(self, *exc) -> None:
-        self._domain.pop_range()
-
-
 class Handle:
     """An async op in flight. CPU: its completion time is taken from the work's future where the
     backend has one (torch), else when `wait()` returns (MPI); blocking in `wait()` is an NVTX `wait`
@@ -256,10 +242,10 @@ class Handle:
 
     def wait(self) -> None:
         comm = self._comm
-        attrs = comm._labels.get(("wait " + self._name, 0, None), _MISSING)
-        if attrs is _MISSING:
-            attrs = comm._label("wait " + self._name, 0, None, category="wait")
-        comm._domain.push_range(attrs)
+        label = comm._labels.get(("wait " + self._name, 0, None))
+        if label is None:
+            label = comm._label("wait " + self._name, 0, None)
+        ANNOTATOR.push(label)
         comm.busy_seq += 1
         comm.busy = self._name
         try:
@@ -272,7 +258,7 @@ class Handle:
             raise comm.failure(self._name, exc) from exc
         finally:
             comm.busy = None
-            comm._domain.pop_range()
+            ANNOTATOR.pop()
         comm.recorder.waits.append((self._name, start, end))
         if comm.clock.kind == "cuda":
             self._finish(comm._now(), host=False)

@@ -1,8 +1,8 @@
 """The phase recorder: spans of one training iteration, and its split into compute and communication.
 
 A strategy wraps each phase of an iteration in `phases.phase("forward")` (also "data", "backward",
-"step", …); every phase is an NVTX range (domain `commprof`, category `compute`, or `data` for the
-input pipeline) and a pair of clock stamps. The comm spans come from the Comm op log (issue →
+"step", …); every phase is an NVTX range (domain `commprof`, category `compute`, `optimizer` for the
+step, `data` for the input pipeline; profile/annotate.py) and a pair of clock stamps. The comm spans come from the Comm op log (issue →
 completion, one place), and the blocked spans from it too: a synchronous op blocks the training
 thread for its whole duration, an async op only inside `Handle.wait()`.
 
@@ -26,9 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-import nvtx
-
-from commprof.comm.base import DOMAIN
+from commprof.profile.annotate import ANNOTATOR, phase_category
 
 COMPUTE = ("forward", "backward", "step", "recompute")
 """Phases whose time is computation; "data" is timed and reported on its own."""
@@ -136,41 +134,33 @@ class Phases:
         self.cuda = clock is not None and clock.kind == "cuda"
         self._now = clock.now if self.cuda else time.perf_counter_ns
         self.spans: list[tuple] = []
-        self._domain = nvtx.get_domain(DOMAIN)
-        self._attrs: dict = {}
         self._start = None
         self._op_mark = 0
         self._wait_mark = 0
 
-    def _label(self, name: str, category: str):
-        attrs = self._attrs.get(name)
-        if attrs is None:
-            attrs = self._attrs[name] = self._domain.get_event_attributes(message=name, category=category)
-        return attrs
-
     @contextmanager
     def phase(self, name: str):
         """Time `name` and wrap it in an NVTX range."""
-        self._domain.push_range(self._label(name, "data" if name == "data" else "compute"))
+        ANNOTATOR.push(ANNOTATOR.label(name, phase_category(name)))
         start = self._now()
         try:
             yield
         finally:
             self.spans.append((name, start, self._now()))
-            self._domain.pop_range()
+            ANNOTATOR.pop()
 
     def begin(self, index: int) -> None:
         """Start iteration `index` (an NVTX range of category `iteration` around all of it)."""
         self.spans = []
         self._op_mark = len(self.recorder.ops)
         self._wait_mark = len(self.recorder.waits)
-        self._domain.push_range(self._label(f"iteration {index}", "iteration"))
+        ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}", "iteration"))
         self._start = self._now()
 
     def end(self) -> Breakdown:
         """End the iteration; every async op must have completed (its Handle waited on)."""
         end = self._now()
-        self._domain.pop_range()
+        ANNOTATOR.pop()
         ops = self.recorder.ops[self._op_mark:]
         if not self.cuda:
             waits = self.recorder.waits[self._wait_mark:]

@@ -1,0 +1,120 @@
+"""The one label scheme: what every range commprof emits is called, its category and colour, and the
+push/pop that puts it in NVTX (for Nsight Systems) and — when a trace is attached — in the Chrome trace,
+so Nsight, the Chrome trace and the tables use the same names.
+
+Domain `commprof`. Categories and their fixed colours:
+
+  iteration   one training iteration                 "iteration 3"
+  data        the input pipeline                     "data"
+  compute     forward, backward, recompute           "forward"
+  optimizer   the optimizer step                     "step"
+  comm        a collective or point-to-point op      "all_reduce (dp) 1 MiB float32", payload = bytes
+  bubble      a pipeline send/recv (the stage idles) "recv (pp 0→1) 20 KiB float32", payload = bytes
+  wait        blocked on an async op                 "wait all_reduce (world)"
+  kernel      one step of a hand-written algorithm   "ring::reduce_scatter::step2"
+
+Nesting: iteration › phase › op › algorithm step › the step's ops. Exercised by:
+`pytest tests/test_nvtx_run.py tests/test_trace.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import nvtx
+
+from commprof.report.units import format_bytes
+
+DOMAIN = "commprof"
+
+COLORS = {
+    "iteration": 0xFF9E9E9E,
+    "data": 0xFF00BCD4,
+    "compute": 0xFF4CAF50,
+    "optimizer": 0xFF8BC34A,
+    "comm": 0xFFF44336,
+    "bubble": 0xFF9C27B0,
+    "wait": 0xFFFF9800,
+    "kernel": 0xFF795548,
+}
+"""ARGB per category: fixed, so every report of every run looks the same."""
+
+PHASE_CATEGORY = {"data": "data", "step": "optimizer"}
+"""Phases outside `compute` (forward, backward, recompute and anything else are compute)."""
+
+P2P = ("send", "recv")
+
+
+class Label(NamedTuple):
+    """A range's name as every output shows it, and its NVTX attributes (None with no tool attached)."""
+
+    message: str
+    category: str
+    payload: int | None
+    attrs: object
+
+
+def op_message(name: str, nbytes: int, dtype_name: str | None, group: str) -> str:
+    """'all_reduce (dp) 1 MiB float32'; 'barrier (world)'."""
+    if dtype_name is None:
+        return f"{name} ({group})"
+    return f"{name} ({group}) {format_bytes(nbytes)} {dtype_name}"
+
+
+def op_category(name: str, group: str) -> str:
+    """A pipeline's send/recv is bubble (its stage is idle on a neighbour); every other op is comm."""
+    return "bubble" if name in P2P and group.startswith("pp") else "comm"
+
+
+def phase_category(name: str) -> str:
+    return PHASE_CATEGORY.get(name, "compute")
+
+
+class Annotator:
+    """NVTX push/pop in domain `commprof` with cached attributes; with `trace` set (a TraceRecorder),
+    every range is also recorded, with perf_counter_ns stamps taken inside the pushed range."""
+
+    def __init__(self) -> None:
+        self.domain = nvtx.get_domain(DOMAIN)
+        self._labels: dict = {}
+        self.trace = None
+        """A commprof.profile.trace.TraceRecorder while --trace is on, else None."""
+
+    def label(self, message: str, category: str, payload: int | None = None) -> Label:
+        key = (message, category, payload)
+        hit = self._labels.get(key)
+        if hit is None:
+            attrs = self.domain.get_event_attributes(message=message, color=COLORS[category], category=category,
+                                                     payload=payload)
+            hit = self._labels[key] = Label(message, category, payload, attrs)
+        return hit
+
+    def push(self, label: Label) -> None:
+        self.domain.push_range(label.attrs)
+        if self.trace is not None:
+            self.trace.begin(label, time.perf_counter_ns())
+
+    def pop(self) -> None:
+        if self.trace is not None:
+            self.trace.end(time.perf_counter_ns())
+        self.domain.pop_range()
+
+
+ANNOTATOR = Annotator()
+"""The process's one annotator: NVTX and the trace are per process, like the domain itself."""
+
+
+class Range:
+    """`with Range(label):` — one pushed range; cheap enough for every algorithm step."""
+
+    __slots__ = ("_label",)
+
+    def __init__(self, label: Label) -> None:
+        self._label = label
+
+    def __enter__(self) -> None:
+        ANNOTATOR.push(self._label)
+
+    def __exit__(self, *exc) -> None:
+        ANNOTATOR.pop()

@@ -28,6 +28,7 @@ from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, sl
 from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import UsageError
+from commprof.profile import trace
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
 from commprof.report.table import avg_busbw, bench_table, header
@@ -59,6 +60,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on its peers")
     p.add_argument("--json", metavar="PATH", help="write env + results as JSON")
+    p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
     p.set_defaults(func=main)
 
@@ -167,6 +169,7 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
             slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
             argv=["commprof", *args.argv])
         the_plan = plan(cfg, comm.world_size)
+        tracer = trace.start(comm, args.trace) if args.trace else None
         if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
             time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
         if world.rank == 0:
@@ -178,6 +181,10 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
             sweep(comm, cfg, the_plan, lambda *_: None)
             wrong = 0
         wrong = comm.broadcast_object(wrong, src=0)
+        if tracer is not None:
+            merged = trace.finish(comm, tracer, args.trace)
+            if merged is not None:
+                Console(stderr=True).print(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev")
     comm.close()
     if wrong:
         if world.rank == 0:

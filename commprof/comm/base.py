@@ -160,7 +160,7 @@ class Comm:
     def _log(self, entry: tuple) -> None:
         self._append(entry)
         if ANNOTATOR.trace is not None:
-            ANNOTATOR.trace.op(entry, self.clock)
+            ANNOTATOR.trace.op(entry, self)
 
     # ---- control plane: bookkeeping between ranks, neither timed nor counted ----------------
     def gather_object(self, obj, dst: int = 0) -> list | None:

@@ -22,6 +22,7 @@ from rich.console import Console
 from commprof import launch
 from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots
 from commprof.comm.watchdog import Watchdog
+from commprof.profile import trace
 from commprof.errors import UsageError
 from commprof.models import MODELS, list_models
 from commprof.report import files
@@ -78,6 +79,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
+    p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.set_defaults(func=main)
 
 
@@ -183,14 +185,18 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     if cfg.strategy == "single" and not world.launched:
         comm, device = None, _device(cfg.backend, world)
+        tracer = trace.start(None, args.trace) if args.trace else None
         result = train(cfg, None, device)
+        _trace_done(None, tracer, args)
         return _report(cfg, args, [result], local_env(device), world, over)
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
     with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
         env_piece = local_env(comm.device)
         if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
             time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
+        tracer = trace.start(comm, args.trace) if args.trace else None
         result = train(cfg, comm if cfg.strategy != "single" else None, comm.device)
+        _trace_done(comm, tracer, args)
         state = result.pop("state")
         gathered = comm.gather_object((result, env_piece), dst=0)
     code = 0
@@ -200,6 +206,14 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
         code = _report(cfg, args, results, [e for _, e in gathered], world, over)
     comm.close()
     return code
+
+
+def _trace_done(comm, tracer, args) -> None:
+    if tracer is None:
+        return
+    merged = trace.finish(comm, tracer, args.trace)
+    if merged is not None:
+        Console(stderr=True).print(f"trace: {merged}; open in ui.perfetto.dev or chrome://tracing")
 
 
 def _device(backend: str, world: World) -> torch.device:

@@ -1,0 +1,251 @@
+"""Chrome Trace Event files (`--trace DIR`): one per rank, streamed as the run goes, and one merged file
+of every rank. They open in Perfetto (ui.perfetto.dev) and chrome://tracing.
+
+Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clock:
+  thread "training"      every range commprof pushes to NVTX (profile/annotate.py), same names, same
+                         nesting, stamps taken inside the NVTX range — one span per NVTX range
+  thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight)
+  counter "bytes in flight"  the sum of the payloads of this rank's ops in flight
+  flows                  arrows joining the same collective (same group, op and sequence number) on
+                         every rank, in group-rank order
+The file is a JSON array written as events happen — "[", then one event per line followed by ","
+(the Horovod timeline's way); a run killed part-way leaves a file Chrome and Perfetto still open, and
+SIGTERM closes it properly ("]"). `load(path)` reads either. Rank 0 writes DIR/trace.json at the end
+(every rank's events plus the clock alignment in "otherData"); `merge(DIR)` rebuilds it from the
+per-rank files after a killed run. Exercised by: `pytest tests/test_trace.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import zlib
+from pathlib import Path
+
+from commprof.profile.annotate import ANNOTATOR
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+FLUSH_EVERY = 4096
+"""Buffered events that force a write."""
+FLUSH_NS = 200_000_000
+"""Otherwise the buffer is written when an outermost range (an iteration, a bench op) ends at least this
+long after the last write: what a SIGKILL can lose."""
+
+
+def sync_clocks(comm, rounds: int = 16) -> dict:
+    """Each rank's clock offset against rank 0 (perf_counter_ns), by round trips over the control plane:
+    rank 0 stamps a, broadcasts; rank r stamps b on arrival; rank 0 stamps c once all answered. Rank r's
+    b happened between a and c on rank 0's clock, so offset = b − (a + c)/2 with error ≤ (c − a)/2; the
+    round with the tightest bound wins. Ranks on rank 0's host share its CLOCK_MONOTONIC: offset 0."""
+    best: dict[int, tuple[int, int]] = {}
+    for _ in range(rounds):
+        comm.control_barrier()
+        a = comm.broadcast_object(time.perf_counter_ns() if comm.rank == 0 else None, src=0)
+        b = time.perf_counter_ns()
+        stamps = comm.gather_object(b, dst=0)
+        if stamps is not None:
+            c = time.perf_counter_ns()
+            for r, b_r in enumerate(stamps):
+                bound = (c - a) // 2
+                if r not in best or bound < best[r][1]:
+                    best[r] = (b_r - (a + c) // 2, bound)
+    hosts = comm.gather_object(_host(), dst=0)
+    table = None
+    if hosts is not None:
+        table = {"epoch_ns": a, "ranks": [
+            {"rank": r, "host": hosts[r], "measured_offset_ns": best[r][0], "bound_ns": best[r][1],
+             "applied_offset_ns": 0 if hosts[r] == hosts[0] else best[r][0],
+             "residual_ns": 0 if hosts[r] == hosts[0] else best[r][1]} for r in range(comm.world_size)]}
+    return comm.broadcast_object(table, src=0)
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+class TraceRecorder:
+    """One rank's trace, streamed to `path`. Attach with `start`; `close` ends the file."""
+
+    def __init__(self, path: Path, *, rank: int, world_size: int, clocks: dict) -> None:
+        self.path, self.rank = Path(path), rank
+        mine = clocks["ranks"][rank]
+        self._shift = clocks["epoch_ns"] + mine["applied_offset_ns"]  # local ns -> ns since rank 0's epoch
+        self._f = open(self.path, "w")
+        self._f.write("[\n")
+        self._buf: list[str] = []
+        self._stack: list[tuple] = []
+        self._tid = threading.get_native_id()
+        self._threads: dict[str, int] = {}
+        self._seq: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._flushed = time.perf_counter_ns()
+        meta = {"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                "args": {"name": f"rank {rank} ({mine['host']})"}}
+        self._emit(meta)
+        self._emit({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        self._emit({"name": "thread_name", "ph": "M", "pid": rank, "tid": self._tid, "args": {"name": "training"}})
+        self._emit({"name": "clock_sync", "ph": "M", "pid": rank, "tid": 0, "args": {**mine, "world_size": world_size}})
+        self.flush()
+
+    # ---- recording (hot path: tuples only, formatted at flush) ------------------------------
+    def begin(self, label, t_ns: int) -> None:
+        self._stack.append((label, t_ns))
+
+    def end(self, t_ns: int) -> None:
+        label, t0 = self._stack.pop()
+        self._buf.append(("X", label, t0, t_ns))
+        if len(self._buf) >= FLUSH_EVERY or (not self._stack and t_ns - self._flushed >= FLUSH_NS):
+            self.flush()
+
+    def op(self, entry: tuple, comm) -> None:
+        """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
+        with self._lock:
+            self._buf.append(("op", entry, comm.rank, comm.clock))
+
+    # ---- formatting and writing -------------------------------------------------------------
+    def _us(self, t_ns: int) -> float:
+        return (t_ns - self._shift) / 1e3
+
+    def _emit(self, event: dict) -> None:
+        self._f.write(json.dumps(event, separators=(",", ":")) + ",\n")
+
+    def _comm_tid(self, group: str) -> int:
+        tid = self._threads.get(group)
+        if tid is None:
+            tid = self._threads[group] = 1_000_000 + len(self._threads)
+            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
+                        "args": {"name": f"comm ({group})"}})
+        return tid
+
+    def flush(self) -> None:
+        if self._closed:
+            return
+        self._flushed = time.perf_counter_ns()
+        with self._lock:
+            items, self._buf = self._buf, []
+        pid, out, spans = self.rank, [], []
+        for item in items:
+            if item[0] == "X":
+                _, label, t0, t1 = item
+                ev = {"name": label.message, "cat": label.category, "ph": "X", "pid": pid, "tid": self._tid,
+                      "ts": self._us(t0), "dur": (t1 - t0) / 1e3}
+                if label.payload is not None:
+                    ev["args"] = {"bytes": label.payload}
+                out.append(ev)
+            else:
+                out.extend(self._op_events(*item[1:], spans))
+        out.extend(self._in_flight(spans))
+        if out:
+            self._f.write("".join(json.dumps(e, separators=(",", ":")) + ",\n" for e in out))
+            self._f.flush()
+
+    def _op_events(self, entry: tuple, group_rank: int, clock, spans: list) -> list[dict]:
+        name, nbytes, size, start, end, host, group = entry
+        if clock.kind == "cuda" and not host:
+            return []  # CUDA-event stamps are not host times; the training thread has the NVTX span
+        tid, ts, dur = self._comm_tid(group), self._us(start), (end - start) / 1e3
+        seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
+        out = [{"name": f"{name} ({group})", "cat": "comm", "ph": "X", "pid": self.rank, "tid": tid, "ts": ts,
+                "dur": dur, "args": {"bytes": nbytes, "group_size": size, "seq": seq}}]
+        if nbytes:
+            spans.append((ts, nbytes))
+            spans.append((ts + dur, -nbytes))
+        if name in COLLECTIVES and size > 1:
+            phase = "s" if group_rank == 0 else ("f" if group_rank == size - 1 else "t")
+            flow = zlib.crc32(f"{group}|{name}|{seq}".encode())
+            out.append({"name": name, "cat": "collective", "ph": phase, "id": flow, "pid": self.rank, "tid": tid,
+                        "ts": ts, "bp": "e"})
+        return out
+
+    def _in_flight(self, spans: list) -> list[dict]:
+        """The counter: payload bytes of this rank's ops in flight, stepping at every issue and completion
+        (ops of one flush; every async op has completed by the end of an iteration)."""
+        out, level = [], 0
+        for ts, delta in sorted(spans, key=lambda s: (s[0], s[1] > 0)):
+            level += delta
+            out.append({"name": "bytes in flight", "ph": "C", "pid": self.rank, "ts": ts, "args": {"bytes": level}})
+        return out
+
+    def close(self) -> None:
+        """Write what is buffered and end the JSON array. Safe to call twice."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._f.write(json.dumps({"name": "trace_end", "ph": "M", "pid": self.rank, "tid": 0,
+                                  "args": {"open_ranges": len(self._stack)}}) + "\n]\n")
+        self._f.close()
+
+
+def start(comm, directory: str | Path) -> TraceRecorder:
+    """Align clocks, open this rank's file, attach it to the annotator and close it on SIGTERM.
+    `comm` None: one process with nobody to align with."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if comm is None:
+        clocks = {"epoch_ns": time.perf_counter_ns(), "ranks": [
+            {"rank": 0, "host": _host(), "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0,
+             "residual_ns": 0}]}
+        rank, size = 0, 1
+    else:
+        clocks, rank, size = sync_clocks(comm), comm.rank, comm.world_size
+    trace = TraceRecorder(directory / f"rank{rank}.trace.json", rank=rank, world_size=size, clocks=clocks)
+    trace.clocks = clocks
+    ANNOTATOR.trace = trace
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            ANNOTATOR.trace = None
+            trace.close()
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+        signal.signal(signal.SIGTERM, on_term)
+    return trace
+
+
+def finish(comm, trace: TraceRecorder, directory: str | Path) -> Path | None:
+    """Detach and close this rank's file; rank 0 writes the merged file (returned there)."""
+    ANNOTATOR.trace = None
+    trace.close()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    text = trace.path.read_text()
+    texts = comm.gather_object(text, dst=0) if comm is not None else [text]
+    if texts is None:
+        return None
+    return write_merged(Path(directory), [_parse(t) for t in texts], trace.clocks)
+
+
+def load(path: str | Path) -> list[dict]:
+    """A per-rank file's events, whether it was closed or cut short."""
+    return _parse(Path(path).read_text())
+
+
+def _parse(text: str) -> list[dict]:
+    body = text.rstrip()
+    if not body.endswith("]"):
+        body = body.rstrip(",") + "\n]"
+    return json.loads(body)
+
+
+def write_merged(directory: Path, per_rank: list[list[dict]], clocks: dict | None) -> Path:
+    events = [e for rank in per_rank for e in rank]
+    path = directory / "trace.json"
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "otherData": {"producer": "commprof", "clock_sync": clocks}}
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    return path
+
+
+def merge(directory: str | Path) -> Path:
+    """Rebuild DIR/trace.json from DIR/rank*.trace.json (e.g. after a killed run)."""
+    directory = Path(directory)
+    files = sorted(directory.glob("rank*.trace.json"), key=lambda p: int(p.name[4:].split(".")[0]))
+    per_rank = [load(p) for p in files]
+    clocks = [e["args"] for rank in per_rank for e in rank if e.get("name") == "clock_sync"]
+    return write_merged(directory, per_rank, {"ranks": clocks} if clocks else None)

@@ -25,8 +25,17 @@ GRACE_S = 3.0
 """How long the other ranks may take to report their own error after one rank failed."""
 
 
+class _Terminated(Exception):
+    """SIGTERM reached the launcher: pass it on to the ranks (so they can close their traces)."""
+
+
+def _on_term(signum, frame):
+    raise _Terminated
+
+
 def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool) -> int:
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code."""
+    signal.signal(signal.SIGTERM, _on_term)
     env = dict(os.environ)
     # One rank per core gets one intra-op thread per core it owns, as torchrun does by default.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // nproc)))
@@ -84,6 +93,9 @@ def _supervise(children: list[subprocess.Popen]) -> int:
     except KeyboardInterrupt:
         _stop(children)
         return 130
+    except _Terminated:
+        _stop(children)
+        return 128 + signal.SIGTERM
     if failed_at is None:
         for rank, p in enumerate(children):
             if p.returncode:

@@ -73,7 +73,7 @@ def phase_category(name: str) -> str:
 
 class Annotator:
     """NVTX push/pop in domain `commprof` with cached attributes; with `trace` set (a TraceRecorder),
-    every range is also recorded, with perf_counter_ns stamps taken inside the pushed range."""
+    every range is also recorded, stamped with perf_counter_ns just before its push and its pop."""
 
     def __init__(self) -> None:
         self.domain = nvtx.get_domain(DOMAIN)
@@ -91,9 +91,9 @@ class Annotator:
         return hit
 
     def push(self, label: Label) -> None:
+        if self.trace is not None:  # stamped just before the push, as the pop is just before the pop:
+            self.trace.begin(label, time.perf_counter_ns())  # both sides then carry the same call cost
         self.domain.push_range(label.attrs)
-        if self.trace is not None:
-            self.trace.begin(label, time.perf_counter_ns())
 
     def pop(self) -> None:
         if self.trace is not None:

@@ -1,0 +1,144 @@
+"""`--trace DIR`: the Chrome trace of `bench` and `run` against what a real NVTX injection library saw
+in the same run (one span per NVTX range: names, categories, nesting, order, durations), the merged
+file's structure (processes, ts/dur, flows that pair up across ranks, clock alignment), and a run
+killed by SIGTERM mid-iteration."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from commprof.profile import trace
+from spawn import commprof, env_for_tests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import nvtx_recorder  # noqa: E402
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the NVTX recorder")
+
+
+def nvtx_spans(records: list[dict]) -> dict[int, list[tuple]]:
+    """tid -> [(message, category, depth, duration_ns)] of the commprof domain, in push order."""
+    out, stacks = defaultdict(list), defaultdict(list)
+    for r in records:
+        if r["domain"] != "commprof":
+            continue
+        if r["kind"] == "push":
+            stacks[r["tid"]].append(len(out[r["tid"]]))
+            out[r["tid"]].append([r["message"], r["category"], r["depth"], r["ts_ns"]])
+        elif r["kind"] == "pop":
+            span = out[r["tid"]][stacks[r["tid"]].pop()]
+            span[3] = r["ts_ns"] - span[3]
+    return {tid: [tuple(s) for s in spans] for tid, spans in out.items()}
+
+
+def trace_spans(events: list[dict]) -> tuple[int, list[tuple]]:
+    """The training thread's X events as (message, category, depth, duration_ns), in start order."""
+    tid = next(e["tid"] for e in events if e.get("name") == "thread_name" and e["args"]["name"] == "training")
+    xs = sorted((e for e in events if e["ph"] == "X" and e["tid"] == tid), key=lambda e: (e["ts"], -e["dur"]))
+    out, ends = [], []
+    for e in xs:
+        while ends and ends[-1] <= e["ts"]:
+            ends.pop()
+        out.append((e["name"], e["cat"], len(ends), e["dur"] * 1e3))
+        ends.append(e["ts"] + e["dur"])
+    return tid, out
+
+
+def check_one_to_one(records, directory: Path, nproc: int) -> None:
+    by_tid = nvtx_spans(records)
+    for rank in range(nproc):
+        tid, spans = trace_spans(trace.load(directory / f"rank{rank}.trace.json"))
+        seen = by_tid[tid]
+        assert [s[:3] for s in spans] == [s[:3] for s in seen]  # names, categories, nesting, order
+        gaps = sorted(abs(n[3] - t[3]) for n, t in zip(seen, spans))
+        # both stamped just before the push and the pop: apart by a call's cost, or a rare preemption
+        median, p95 = gaps[len(gaps) // 2], gaps[int(0.95 * (len(gaps) - 1))]
+        assert median < 5_000 and p95 < 50_000, (median, p95, gaps[-1])
+
+
+def check_merged(path: Path, nproc: int) -> dict:
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(names) == list(range(nproc)) and all(n.startswith(f"rank {p} ") for p, n in names.items())
+    for e in events:
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], float | int) and e["dur"] >= 0, e
+    flows = defaultdict(Counter)
+    for e in events:
+        if e["ph"] in "stf":
+            flows[e["id"]][e["ph"]] += 1
+    assert flows and all(c["s"] == 1 and c["f"] == 1 and c["t"] == nproc - 2 for c in flows.values())
+    ranks = doc["otherData"]["clock_sync"]["ranks"]
+    assert len(ranks) == nproc
+    for r in ranks:  # one host shares CLOCK_MONOTONIC: the true offset is 0, within the measured bound
+        assert abs(r["measured_offset_ns"]) <= r["bound_ns"] + 1_000 and r["applied_offset_ns"] == 0
+    return doc
+
+
+@needs_gcc
+def test_run_trace_matches_nvtx_one_to_one(tmp_path):
+    lib = nvtx_recorder.build(tmp_path)
+    env = env_for_tests(**nvtx_recorder.recorder_env(lib, tmp_path / "rec", {}))
+    out = tmp_path / "trace"
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "3", "--warmup", "1", "--bucket-mb", "0.04",
+                    "--batch-size", "8", "--eval-samples", "0", "--trace", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    check_one_to_one(nvtx_recorder.read_records(tmp_path / "rec"), out, 2)
+    doc = check_merged(out / "trace.json", 2)
+    comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "all_reduce (world)"]
+    assert len(comm) == 2 * 3 * 3 and sum(e["args"]["bytes"] for e in comm) == 2 * 3 * 87_360
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert counters and max(e["args"]["bytes"] for e in counters) <= 87_360 and counters[-1]["args"]["bytes"] == 0
+
+
+@needs_gcc
+def test_bench_trace_with_algorithm_steps_matches_nvtx(tmp_path):
+    lib = nvtx_recorder.build(tmp_path)
+    env = env_for_tests(**nvtx_recorder.recorder_env(lib, tmp_path / "rec", {}))
+    out = tmp_path / "trace"
+    proc = commprof("bench", "all_reduce", "broadcast", "--algo", "library,ring,chain", "--backend", "mpi", "--nproc",
+                    "3", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-w", "1", "--trace", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    check_one_to_one(nvtx_recorder.read_records(tmp_path / "rec"), out, 3)
+    doc = check_merged(out / "trace.json", 3)
+    steps = {e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel"}
+    assert {"ring::reduce_scatter::step0", "ring::all_gather::step1", "chain::step0"} <= steps
+
+
+def test_sigterm_mid_run_leaves_traces_that_load(tmp_path):
+    out = tmp_path / "trace"
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--nproc", "2",
+                             "--steps", "100000", "--warmup", "0", "--batch-size", "8", "--eval-samples", "0",
+                             "--trace", str(out)], env=env_for_tests(), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    files = [out / "rank0.trace.json", out / "rank1.trace.json"]
+    while time.monotonic() < deadline:  # until both ranks have streamed an iteration or more
+        if all(f.exists() and '"cat":"iteration"' in f.read_text() for f in files):
+            break
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    for f in files:
+        events = json.loads(f.read_text())  # closed on SIGTERM: plain JSON
+        assert events[-1]["name"] == "trace_end"
+        assert any(e.get("cat") == "iteration" for e in events)
+    merged = trace.merge(out)
+    assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
+
+
+def test_a_file_cut_short_still_loads(tmp_path):
+    path = tmp_path / "rank0.trace.json"
+    path.write_text('[\n{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0 (h)"}},\n'
+                    '{"name":"forward","cat":"compute","ph":"X","pid":0,"tid":1,"ts":1.0,"dur":2.0},\n')
+    assert [e["name"] for e in trace.load(path)] == ["process_name", "forward"]

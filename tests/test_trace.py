@@ -105,7 +105,7 @@ def test_bench_trace_with_algorithm_steps_matches_nvtx(tmp_path):
     lib = nvtx_recorder.build(tmp_path)
     env = env_for_tests(**nvtx_recorder.recorder_env(lib, tmp_path / "rec", {}))
     out = tmp_path / "trace"
-    proc = commprof("bench", "all_reduce", "broadcast", "--algo", "library,ring,chain", "--backend", "mpi", "--nproc",
+    proc = commprof("bench", "all_reduce", "broadcast", "--algo", "library,ring,chain", "--backend", "gloo", "--nproc",
                     "3", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-w", "1", "--trace", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     check_one_to_one(nvtx_recorder.read_records(tmp_path / "rec"), out, 3)

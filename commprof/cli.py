@@ -24,6 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from commprof import nsys
     from commprof.bench import command as bench
     from commprof.run import command as run
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench.add_parser(subparsers)
     run.add_parser(subparsers)
+    nsys.add_parser(subparsers)
     return parser
 
 

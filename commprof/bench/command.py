@@ -29,6 +29,7 @@ from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, p
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import UsageError
 from commprof.profile import trace
+from commprof.profile.annotate import ANNOTATOR, MEASURED
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
 from commprof.report.table import avg_busbw, bench_table, header
@@ -172,6 +173,7 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
         tracer = trace.start(comm, args.trace) if args.trace else None
         if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
             time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
+        ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
         if world.rank == 0:
             sink = _Sink(cfg, env, args, the_plan)
             sweep(comm, cfg, the_plan, sink.add)
@@ -180,6 +182,7 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
         else:
             sweep(comm, cfg, the_plan, lambda *_: None)
             wrong = 0
+        ANNOTATOR.pop()
         wrong = comm.broadcast_object(wrong, src=0)
         if tracer is not None:
             merged = trace.finish(comm, tracer, args.trace)

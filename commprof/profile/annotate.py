@@ -4,7 +4,8 @@ so Nsight, the Chrome trace and the tables use the same names.
 
 Domain `commprof`. Categories and their fixed colours:
 
-  iteration   one training iteration                 "iteration 3"
+  iteration   one training iteration                 "iteration 3"; and "measured" around every
+              measured iteration (run) or the sweep (bench): Nsight's capture range
   data        the input pipeline                     "data"
   compute     forward, backward, recompute           "forward"
   optimizer   the optimizer step                     "step"
@@ -44,6 +45,8 @@ PHASE_CATEGORY = {"data": "data", "step": "optimizer"}
 """Phases outside `compute` (forward, backward, recompute and anything else are compute)."""
 
 P2P = ("send", "recv")
+MEASURED = "measured"
+"""The range around what is measured; `commprof nsys` captures exactly it."""
 
 
 class Label(NamedTuple):

@@ -30,8 +30,8 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
 FLUSH_NS = 200_000_000
-"""Otherwise the buffer is written when an outermost range (an iteration, a bench op) ends at least this
-long after the last write: what a SIGKILL can lose."""
+"""Otherwise the buffer is written when a range at the top (an iteration, a bench op: inside at most the
+`measured` range) ends at least this long after the last write: what a SIGKILL can lose."""
 
 
 def sync_clocks(comm, rounds: int = 16) -> dict:
@@ -99,7 +99,7 @@ class TraceRecorder:
     def end(self, t_ns: int) -> None:
         label, t0 = self._stack.pop()
         self._buf.append(("X", label, t0, t_ns))
-        if len(self._buf) >= FLUSH_EVERY or (not self._stack and t_ns - self._flushed >= FLUSH_NS):
+        if len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS):
             self.flush()
 
     def op(self, entry: tuple, comm) -> None:

@@ -16,6 +16,7 @@ from commprof.data import global_indices, open_source, steps_per_epoch
 from commprof.errors import UsageError
 from commprof.models import build_model, count_parameters
 from commprof.profile.clock import CpuClock, CudaClock
+from commprof.profile.annotate import ANNOTATOR, MEASURED
 from commprof.profile.phases import Phases
 from commprof.profile.recorder import OpRecorder
 from commprof.profile.volume import step_volume
@@ -80,7 +81,10 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     micro = cfg.batch_size // strategy.micro_batches()
     iterations, losses, volumes = [], [], []
     spec.module.train()
+    measured = ANNOTATOR.label(MEASURED, "iteration")
     for t in range(total):
+        if t == cfg.warmup:
+            ANNOTATOR.push(measured)
         epoch, step = divmod(t, spe)
         strategy.measure_memory = t == total - 1
         phases.begin(t)
@@ -102,6 +106,7 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
                                "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
             volumes.append(step_volume(phases.ops()))
         recorder.clear()
+    ANNOTATOR.pop()  # measured
     held = getattr(strategy, "held", None) or strategy.held_bytes()
     result = {
         "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss, "group_sizes": strategy.group_sizes(),

@@ -1,0 +1,81 @@
+"""`commprof nsys [--output DIR] -- <bench|run> …`: the Nsight Systems command for a commprof job, printed,
+and run where `nsys` is installed.
+
+    commprof nsys -- run --strategy ddp --nproc 2 --steps 20
+    commprof nsys --output prof -- bench all_reduce --backend mpi --nproc 4
+
+One report per rank (DIR/rank<r>.nsys-rep): commprof's own launcher (--nproc) puts `nsys profile` in
+front of each rank's command (COMMPROF_RANK_WRAPPER); under torchrun/mpiexec/srun give the printed
+`nsys profile …` prefix to each rank yourself. Traces: cuda, nvtx, osrt, and mpi for --backend mpi.
+Capture: only the measured part — the NVTX range `measured` in domain `commprof` (the iterations after
+--warmup for `run`, the whole sweep for `bench`). Exercised by: `pytest tests/test_nsys.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from commprof.errors import UsageError
+
+CAPTURE = "measured@commprof"
+"""The NVTX range (message@domain) Nsight starts and stops the capture on."""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("nsys", help="profile a commprof job with Nsight Systems (one report per rank)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default="nsys", metavar="DIR", help="where the reports go (default ./nsys)")
+    p.add_argument("--print-only", action="store_true", help="print the command, do not run it")
+    p.add_argument("job", nargs=argparse.REMAINDER, help="-- then the bench or run command line")
+    p.set_defaults(func=main)
+
+
+def _backend(job: list[str]) -> str | None:
+    for i, arg in enumerate(job):
+        if arg == "--backend" and i + 1 < len(job):
+            return job[i + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def profile_prefix(output: str, backend: str | None) -> list[str]:
+    """`nsys profile …` for one rank; `{rank}` stands for the rank number."""
+    traces = "cuda,nvtx,osrt" + (",mpi" if backend == "mpi" else "")
+    flags = ["nsys", "profile", f"--trace={traces}", "--capture-range=nvtx", f"--nvtx-capture={CAPTURE}",
+             "--capture-range-end=stop", "--force-overwrite=true", f"--output={output}/rank{{rank}}"]
+    if backend == "mpi":
+        flags.insert(3, "--mpi-impl=mpich")
+    return flags
+
+
+def command(output: str, job: list[str]) -> tuple[dict, list[str]]:
+    """(environment, argv) that profile `commprof <job>` one report per rank."""
+    if not job or job[0] not in ("bench", "run"):
+        raise UsageError("commprof nsys needs a job: commprof nsys -- run … (or -- bench …)")
+    wrapper = shlex.join(profile_prefix(output, _backend(job)))
+    # registered strings are what the nvtx package sends; 0 also lets plain ones match the capture range
+    env = {"COMMPROF_RANK_WRAPPER": wrapper, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+    return env, ["commprof", *job]
+
+
+def main(args: argparse.Namespace) -> int:
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    env, argv = command(args.output, job)
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
+    print(shown)
+    bare = shlex.join(profile_prefix(args.output, _backend(job))).replace("{rank}", "%q{RANK}")
+    print(f"# under torchrun/srun/mpiexec, in front of each rank's command (%q{{…}} = that rank's variable): {bare}")
+    print(f"# then: nsys stats --report nvtx_sum,nvtx_gpu_proj_sum,cuda_gpu_kern_sum {args.output}/rank0.nsys-rep")
+    if args.print_only:
+        return 0
+    if shutil.which("nsys") is None:
+        sys.stderr.write("commprof: nsys is not installed here; run the command above where Nsight Systems is\n")
+        return 0
+    os.makedirs(args.output, exist_ok=True)
+    return subprocess.call([sys.executable, "-m", "commprof", *job], env={**os.environ, **env})

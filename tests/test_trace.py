@@ -92,8 +92,15 @@ def test_run_trace_matches_nvtx_one_to_one(tmp_path):
     proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "3", "--warmup", "1", "--bucket-mb", "0.04",
                     "--batch-size", "8", "--eval-samples", "0", "--trace", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
-    check_one_to_one(nvtx_recorder.read_records(tmp_path / "rec"), out, 2)
+    records = nvtx_recorder.read_records(tmp_path / "rec")
+    check_one_to_one(records, out, 2)
     doc = check_merged(out / "trace.json", 2)
+    # the recording itself, turned into the same format: the training thread's spans, name for name
+    converted = nvtx_recorder.to_chrome([r for r in records if r["domain"] == "commprof"])
+    for rank in range(2):
+        tid, spans = trace_spans(trace.load(out / f"rank{rank}.trace.json"))
+        mine = sorted((e for e in converted if e["ph"] == "X" and e["tid"] == tid), key=lambda e: (e["ts"], -e["dur"]))
+        assert [(e["name"], e["cat"]) for e in mine] == [s[:2] for s in spans]
     comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "all_reduce (world)"]
     assert len(comm) == 2 * 3 * 3 and sum(e["args"]["bytes"] for e in comm) == 2 * 3 * 87_360
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]

@@ -12,9 +12,10 @@ Library use (e.g. from tests, after ``sys.path.insert(0, "<repo>/tools")``)::
     subprocess.run([sys.executable, "script.py"], env=env, check=True)
     records = nvtx_recorder.read_records(tmp_path / "rec")
 
-Command line (prints ranges per domain/category/message)::
+Command line (prints ranges per domain/category/message; --chrome also writes the recording as a
+Chrome Trace Event file, the format of `commprof … --trace`, one process per recorded pid)::
 
-    python tools/nvtx_recorder.py [--out PREFIX] -- CMD [ARGS...]
+    python tools/nvtx_recorder.py [--out PREFIX] [--chrome TRACE.json] -- CMD [ARGS...]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -169,12 +171,41 @@ def summarize(records: list[dict]) -> collections.Counter:
                                for r in records if r["kind"] in ("push", "start"))
 
 
+def to_chrome(records: list[dict]) -> list[dict]:
+    """Recorded push/pop (and start/end) pairs as Chrome "X" events: name = message, cat = category,
+    ts/dur in µs from the first event, args.bytes = the payload; one process per pid, threads by tid."""
+    if not records:
+        return []
+    t0 = min(r["ts_ns"] for r in records)
+    events, stacks, started = [], collections.defaultdict(list), {}
+    for pid in sorted({r["pid"] for r in records}):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"pid {pid}"}})
+    for r in records:
+        key = (r["pid"], r["tid"], r["domain"])
+        if r["kind"] == "push":
+            stacks[key].append(r)
+        elif r["kind"] == "start":
+            started[(r["pid"], r["range_id"])] = r
+        elif r["kind"] in ("pop", "end"):
+            opened = (stacks[key].pop() if stacks[key] else None) if r["kind"] == "pop" \
+                else started.pop((r["pid"], r["range_id"]), None)
+            if opened is None:
+                continue
+            ev = {"name": opened["message"], "cat": opened["category"], "ph": "X", "pid": r["pid"],
+                  "tid": opened["tid"], "ts": (opened["ts_ns"] - t0) / 1e3, "dur": (r["ts_ns"] - opened["ts_ns"]) / 1e3}
+            if opened["payload"] is not None:
+                ev["args"] = {"bytes": opened["payload"]}
+            events.append(ev)
+    return events
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command with the NVTX recorder injected and summarize its ranges.",
         usage="%(prog)s [--out PREFIX] -- CMD [ARGS...]")
     parser.add_argument("--out", type=Path,
                         help="keep the records as PREFIX.<pid> (default: temporary)")
+    parser.add_argument("--chrome", type=Path, help="also write the ranges as a Chrome trace to this file")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -187,6 +218,8 @@ def main(argv=None) -> int:
             stale.unlink()
         rc = subprocess.call(cmd, env=recorder_env(lib, prefix))
         records = read_records(prefix)
+    if args.chrome:
+        args.chrome.write_text(json.dumps({"traceEvents": to_chrome(records)}) + "\n")
     counts = summarize(records)
     pids = sorted({r["pid"] for r in records})
     print(f"\n[nvtx_recorder] {sum(counts.values())} ranges, "

@@ -80,6 +80,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
+    p.add_argument("--torch-profiler", metavar="DIR",
+                   help="also a PyTorch profiler (Kineto) trace per rank, with what Holistic Trace Analysis needs")
     p.set_defaults(func=main)
 
 
@@ -145,7 +147,8 @@ def build_config(args, world_size: int | None) -> RunConfig:
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
-        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state, json=args.json)
+        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state, json=args.json,
+        torch_profiler=args.torch_profiler)
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:

@@ -81,3 +81,6 @@ class RunConfig:
     """Write the final full model state_dict here (rank 0)."""
     json: str | None = None
     """Write every figure per rank per iteration here."""
+    torch_profiler: str | None = None
+    """Also capture a PyTorch profiler (Kineto) trace per rank into this directory, for Holistic Trace
+    Analysis (--torch-profiler)."""

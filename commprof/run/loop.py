@@ -18,6 +18,7 @@ from commprof.models import build_model, count_parameters
 from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.annotate import ANNOTATOR, MEASURED
 from commprof.profile.phases import Phases
+from commprof.run import kineto
 from commprof.profile.recorder import OpRecorder
 from commprof.profile.volume import step_volume
 from commprof.run.config import RunConfig
@@ -82,30 +83,32 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
     iterations, losses, volumes = [], [], []
     spec.module.train()
     measured = ANNOTATOR.label(MEASURED, "iteration")
-    for t in range(total):
-        if t == cfg.warmup:
-            ANNOTATOR.push(measured)
-        epoch, step = divmod(t, spe)
-        strategy.measure_memory = t == total - 1
-        phases.begin(t)
-        with phases.phase("data"):
-            idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
-                                 global_batch=global_batch)
-            batch = source.get(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
-            x, y = batch.x.to(device), batch.y.to(device)
-            micro_batches = [(x[i:i + micro], y[i:i + micro]) for i in range(0, cfg.batch_size, micro)]
-        loss = strategy.train_step(micro_batches, phases)
-        split = phases.end()
-        losses.append(loss)
-        if t >= cfg.warmup:
-            iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
-                               "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
-                               "exposed_comm_ms": split.exposed_comm_ns * MS,
-                               "overlap_ms": split.overlap_ns * MS, "bubble_ms": split.bubble_ns * MS,
-                               "schedule_ms": split.schedule_ns * MS,
-                               "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
-            volumes.append(step_volume(phases.ops()))
-        recorder.clear()
+    with kineto.profiler(cfg.torch_profiler, comm, device, total) as prof:
+        for t in range(total):
+            if t == cfg.warmup:
+                ANNOTATOR.push(measured)
+            epoch, step = divmod(t, spe)
+            strategy.measure_memory = t == total - 1
+            phases.begin(t)
+            with phases.phase("data"):
+                idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
+                                     global_batch=global_batch)
+                batch = source.get(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
+                x, y = batch.x.to(device), batch.y.to(device)
+                micro_batches = [(x[i:i + micro], y[i:i + micro]) for i in range(0, cfg.batch_size, micro)]
+            loss = strategy.train_step(micro_batches, phases)
+            split = phases.end()
+            losses.append(loss)
+            if t >= cfg.warmup:
+                iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
+                                   "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
+                                   "exposed_comm_ms": split.exposed_comm_ns * MS,
+                                   "overlap_ms": split.overlap_ns * MS, "bubble_ms": split.bubble_ns * MS,
+                                   "schedule_ms": split.schedule_ns * MS,
+                                   "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
+                volumes.append(step_volume(phases.ops()))
+            recorder.clear()
+            kineto.step(prof)
     ANNOTATOR.pop()  # measured
     held = getattr(strategy, "held", None) or strategy.held_bytes()
     result = {

@@ -74,12 +74,13 @@ class TraceRecorder:
         self.path, self.rank = Path(path), rank
         mine = clocks["ranks"][rank]
         self._shift = clocks["epoch_ns"] + mine["applied_offset_ns"]  # local ns -> ns since rank 0's epoch
-        self._f = open(self.path, "w")
+        self._f = open(self.path, "w", encoding="utf-8")
         self._f.write("[\n")
         self._buf: list[str] = []
         self._stack: list[tuple] = []
         self._tid = threading.get_native_id()
         self._threads: dict[str, int] = {}
+        self._prefixes: dict = {}
         self._seq: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -123,53 +124,61 @@ class TraceRecorder:
         return tid
 
     def flush(self) -> None:
+        """Format what is buffered and append it to the file. Events are written as JSON text built
+        from per-name prefixes (json.dumps per event would cost ~4 µs a range; this is ~1 µs)."""
         if self._closed:
             return
         self._flushed = time.perf_counter_ns()
         with self._lock:
             items, self._buf = self._buf, []
-        pid, out, spans = self.rank, [], []
+        out, spans = [], []
         for item in items:
             if item[0] == "X":
                 _, label, t0, t1 = item
-                ev = {"name": label.message, "cat": label.category, "ph": "X", "pid": pid, "tid": self._tid,
-                      "ts": self._us(t0), "dur": (t1 - t0) / 1e3}
-                if label.payload is not None:
-                    ev["args"] = {"bytes": label.payload}
-                out.append(ev)
+                head, tail = self._prefix(label)
+                out.append(f"{head}{self._us(t0):.3f},\"dur\":{(t1 - t0) / 1e3:.3f}{tail}")
             else:
-                out.extend(self._op_events(*item[1:], spans))
-        out.extend(self._in_flight(spans))
+                self._op_events(*item[1:], spans, out)
+        self._in_flight(spans, out)
         if out:
-            self._f.write("".join(json.dumps(e, separators=(",", ":")) + ",\n" for e in out))
+            self._f.write("".join(out))
             self._f.flush()
 
-    def _op_events(self, entry: tuple, group_rank: int, clock, spans: list) -> list[dict]:
+    def _prefix(self, label) -> tuple[str, str]:
+        """Cached text around ts/dur of a training-thread span."""
+        hit = self._prefixes.get(label)
+        if hit is None:
+            head = (f'{{"name":{json.dumps(label.message)},"cat":"{label.category}","ph":"X",'
+                    f'"pid":{self.rank},"tid":{self._tid},"ts":')
+            tail = "},\n" if label.payload is None else f',"args":{{"bytes":{label.payload}}}}},\n'
+            hit = self._prefixes[label] = (head, tail)
+        return hit
+
+    def _op_events(self, entry: tuple, group_rank: int, clock, spans: list, out: list) -> None:
         name, nbytes, size, start, end, host, group = entry
         if clock.kind == "cuda" and not host:
-            return []  # CUDA-event stamps are not host times; the training thread has the NVTX span
+            return  # CUDA-event stamps are not host times; the training thread has the NVTX span
         tid, ts, dur = self._comm_tid(group), self._us(start), (end - start) / 1e3
         seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
-        out = [{"name": f"{name} ({group})", "cat": "comm", "ph": "X", "pid": self.rank, "tid": tid, "ts": ts,
-                "dur": dur, "args": {"bytes": nbytes, "group_size": size, "seq": seq}}]
+        out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.rank},"tid":{tid},'
+                   f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}},\n')
         if nbytes:
             spans.append((ts, nbytes))
             spans.append((ts + dur, -nbytes))
         if name in COLLECTIVES and size > 1:
             phase = "s" if group_rank == 0 else ("f" if group_rank == size - 1 else "t")
             flow = zlib.crc32(f"{group}|{name}|{seq}".encode())
-            out.append({"name": name, "cat": "collective", "ph": phase, "id": flow, "pid": self.rank, "tid": tid,
-                        "ts": ts, "bp": "e"})
-        return out
+            out.append(f'{{"name":"{name}","cat":"collective","ph":"{phase}","id":{flow},"pid":{self.rank},'
+                       f'"tid":{tid},"ts":{ts:.3f},"bp":"e"}},\n')
 
-    def _in_flight(self, spans: list) -> list[dict]:
+    def _in_flight(self, spans: list, out: list) -> None:
         """The counter: payload bytes of this rank's ops in flight, stepping at every issue and completion
         (ops of one flush; every async op has completed by the end of an iteration)."""
-        out, level = [], 0
+        level = 0
         for ts, delta in sorted(spans, key=lambda s: (s[0], s[1] > 0)):
             level += delta
-            out.append({"name": "bytes in flight", "ph": "C", "pid": self.rank, "ts": ts, "args": {"bytes": level}})
-        return out
+            out.append(f'{{"name":"bytes in flight","ph":"C","pid":{self.rank},"ts":{ts:.3f},'
+                       f'"args":{{"bytes":{level}}}}},\n')
 
     def close(self) -> None:
         """Write what is buffered and end the JSON array. Safe to call twice."""

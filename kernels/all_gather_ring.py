@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from .common import OneChunkPerStep
 
 COLLECTIVE = "all_gather"
 NAME = "ring"
@@ -28,15 +29,6 @@ def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
             comm.sendrecv(block[(r - s) % n], block[(r - s - 1) % n], dst=right, src=left)
 
 
-def steps(n: int, nbytes: int) -> int:
-    return n - 1
 
-
-def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
-    """Every block but that of rank r+1: (n−1)/n of the gathered size."""
-    return (n - 1) * (count // n) * itemsize
-
-
-def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
-    """(n−1) α + (n−1)/n · m β."""
-    return (n - 1) * (alpha + beta * nbytes / n)
+# each step sends one chunk to one peer: the model is shared
+steps, sent_bytes, cost = OneChunkPerStep.steps, OneChunkPerStep.sent_bytes, OneChunkPerStep.cost

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from .common import OneChunkPerStep
 
 COLLECTIVE = "all_to_all"
 NAME = "pairwise"
@@ -29,15 +30,6 @@ def run(comm, output: torch.Tensor, input: torch.Tensor) -> None:
             comm.sendrecv(part(src, (r + k) % n), part(out, (r - k) % n), dst=(r + k) % n, src=(r - k) % n)
 
 
-def steps(n: int, nbytes: int) -> int:
-    return n - 1
 
-
-def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
-    """Every chunk but its own."""
-    return (n - 1) * (count // n) * itemsize
-
-
-def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
-    """(n−1)(α + m/n β), m = one rank's whole input."""
-    return (n - 1) * (alpha + beta * nbytes / n)
+# each step sends one chunk to one peer: the model is shared
+steps, sent_bytes, cost = OneChunkPerStep.steps, OneChunkPerStep.sent_bytes, OneChunkPerStep.cost

@@ -137,6 +137,25 @@ def fold_out(comm, fold: Fold, flat: torch.Tensor, name: str) -> None:
             comm.send(flat, dst=partner)
 
 
+class OneChunkPerStep:
+    """The model of n−1 steps that each send one of the n chunks (ring all_gather, ring reduce_scatter,
+    pairwise all_to_all): the modules' `steps`, `sent_bytes` and `cost`."""
+
+    @staticmethod
+    def steps(n: int, nbytes: int) -> int:
+        return n - 1
+
+    @staticmethod
+    def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
+        """Every chunk but one: (n−1)/n of the size."""
+        return (n - 1) * (count // n) * itemsize
+
+    @staticmethod
+    def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
+        """(n−1)(α + m/n β)."""
+        return (n - 1) * (alpha + beta * nbytes / n)
+
+
 def log2_ceil(n: int) -> int:
     """Rounds of an algorithm that doubles its reach each step: ⌈log2 n⌉."""
     return (n - 1).bit_length()

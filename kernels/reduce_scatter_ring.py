@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from .common import combine, finish, scratch
+from .common import OneChunkPerStep, combine, finish, scratch
 
 COLLECTIVE = "reduce_scatter"
 NAME = "ring"
@@ -39,15 +39,6 @@ def run(comm, output: torch.Tensor, input: torch.Tensor, *, op: str = "sum") -> 
     finish(output, op, n)
 
 
-def steps(n: int, nbytes: int) -> int:
-    return n - 1
 
-
-def sent_bytes(n: int, rank: int, count: int, itemsize: int, root: int = 0) -> int:
-    """One chunk per step: (n−1)/n of the input."""
-    return (n - 1) * (count // n) * itemsize
-
-
-def cost(n: int, nbytes: int, alpha: float, beta: float) -> float:
-    """(n−1) α + (n−1)/n · m β (m = the whole input)."""
-    return (n - 1) * (alpha + beta * nbytes / n)
+# each step sends one chunk to one peer: the model is shared
+steps, sent_bytes, cost = OneChunkPerStep.steps, OneChunkPerStep.sent_bytes, OneChunkPerStep.cost

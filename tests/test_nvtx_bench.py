@@ -33,4 +33,6 @@ def test_every_measured_op_is_one_comm_range(tmp_path, backend):
         all_reduce_modes = 2 if backend == "mpi" else 1  # torch has no out-of-place all_reduce
         assert pushes[("comm", "all_reduce (world) 1 KiB float32")] == 7 * all_reduce_modes
         assert pushes[("comm", "all_gather (world) 1 KiB float32")] == 7 * 2
-        assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"), ("comm", "all_gather (world) 1 KiB float32")}
+        assert pushes[("iteration", "measured")] == 1  # the whole sweep: Nsight's capture range
+        assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"), ("comm", "all_gather (world) 1 KiB float32"),
+                               ("iteration", "measured")}

@@ -98,6 +98,8 @@ class TraceRecorder:
         self._stack.append((label, t_ns))
 
     def end(self, t_ns: int) -> None:
+        if not self._stack:
+            return  # a range opened before the trace was attached
         label, t0 = self._stack.pop()
         self._buf.append(("X", label, t0, t_ns))
         if len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS):

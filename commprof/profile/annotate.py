@@ -20,10 +20,12 @@ Nesting: iteration › phase › op › algorithm step › the step's ops. Exerc
 
 from __future__ import annotations
 
+import os
 import time
 from typing import NamedTuple
 
 import nvtx
+from nvtx._lib.lib import Domain, DomainHandle, DummyDomain
 
 from commprof.report.units import format_bytes
 
@@ -74,12 +76,26 @@ def phase_category(name: str) -> str:
     return PHASE_CATEGORY.get(name, "compute")
 
 
+def open_domain(name: str = DOMAIN):
+    """The nvtx package's domain `name`: a no-op DummyDomain when no tool is attached (or NVTX_DISABLE
+    is set), else a live one — also under a tool that declines NVTX's payload extension."""
+    domain = nvtx.get_domain(name)
+    if isinstance(domain, DummyDomain) and nvtx.enabled() and os.environ.get("NVTX_INJECTION64_PATH"):
+        # Nsight Systems before 2024 declines the payload extension, so the package's
+        # nvtxDomainIsEnabled check answers 0 and it would drop every range although the tool records
+        # plain push/pop: build the domain past that check.
+        domain = object.__new__(Domain)
+        domain.handle = DomainHandle(name)
+        domain.__init__(name)
+    return domain
+
+
 class Annotator:
     """NVTX push/pop in domain `commprof` with cached attributes; with `trace` set (a TraceRecorder),
     every range is also recorded, stamped with perf_counter_ns just before its push and its pop."""
 
     def __init__(self) -> None:
-        self.domain = nvtx.get_domain(DOMAIN)
+        self.domain = open_domain()
         self._labels: dict = {}
         self.trace = None
         """A commprof.profile.trace.TraceRecorder while --trace is on, else None."""

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         _exit_now(exc.exit_code)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `commprof … | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
+        return 0
     except Exception as exc:  # a backend failure (peer gone, timeout inside gloo, …)
         if os.environ.get("COMMPROF_DEBUG"):
             raise

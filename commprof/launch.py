@@ -114,6 +114,9 @@ def _exit_code(rank: int, rc: int, n: int) -> int:
         who = f"rank {rank}" if n > 1 else "mpiexec"
         sys.stderr.write(f"commprof: error: {who} was killed by signal {signal.Signals(-rc).name}\n")
         return 128 - rc
+    if rc > 128 and rc - 128 in signal.valid_signals():  # a shell, nsys or mpiexec passing a rank's signal on
+        who = f"rank {rank}" if n > 1 else "a rank"
+        sys.stderr.write(f"commprof: error: {who} exited with status {rc} ({signal.Signals(rc - 128).name})\n")
     return rc
 
 

@@ -6,8 +6,9 @@ and run where `nsys` is installed.
 
 One report per rank (DIR/rank<r>.nsys-rep): commprof's own launcher (--nproc) puts `nsys profile` in
 front of each rank's command (COMMPROF_RANK_WRAPPER); under torchrun/mpiexec/srun give the printed
-`nsys profile …` prefix to each rank yourself. Traces: cuda, nvtx, osrt, and mpi for --backend mpi.
-Capture: only the measured part — the NVTX range `measured` in domain `commprof` (the iterations after
+`nsys profile …` prefix to each rank yourself. Traces: cuda, nvtx, osrt (--trace to change; commprof's
+NVTX ranges already name every MPI call, and Nsight Systems 2023.4's MPI interposer crashed MPICH 5
+ranks, so `mpi` is opt-in: --trace cuda,nvtx,osrt,mpi). Capture: only the measured part — the NVTX range `measured` in domain `commprof` (the iterations after
 --warmup for `run`, the whole sweep for `bench`). Exercised by: `pytest tests/test_nsys.py`.
 """
 
@@ -21,15 +22,21 @@ import subprocess
 import sys
 
 from commprof.errors import UsageError
+from commprof.launch import find_mpiexec
 
 CAPTURE = "measured@commprof"
 """The NVTX range (message@domain) Nsight starts and stops the capture on."""
+
+TRACES = "cuda,nvtx,osrt"
+"""What nsys traces by default: kernels and copies, commprof's ranges, and the OS calls it blocks in."""
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("nsys", help="profile a commprof job with Nsight Systems (one report per rank)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="nsys", metavar="DIR", help="where the reports go (default ./nsys)")
+    p.add_argument("--trace", default=TRACES, metavar="LIST",
+                   help=f"nsys --trace list (default {TRACES}; add mpi for nsys's own MPI rows)")
     p.add_argument("--print-only", action="store_true", help="print the command, do not run it")
     p.add_argument("job", nargs=argparse.REMAINDER, help="-- then the bench or run command line")
     p.set_defaults(func=main)
@@ -44,21 +51,29 @@ def _backend(job: list[str]) -> str | None:
     return None
 
 
-def profile_prefix(output: str, backend: str | None) -> list[str]:
+def profile_prefix(output: str, backend: str | None, traces: str = TRACES) -> list[str]:
     """`nsys profile …` for one rank; `{rank}` stands for the rank number."""
-    traces = "cuda,nvtx,osrt" + (",mpi" if backend == "mpi" else "")
     flags = ["nsys", "profile", f"--trace={traces}", "--capture-range=nvtx", f"--nvtx-capture={CAPTURE}",
              "--capture-range-end=stop", "--force-overwrite=true", f"--output={output}/rank{{rank}}"]
-    if backend == "mpi":
-        flags.insert(3, "--mpi-impl=mpich")
+    if "mpi" in traces.split(","):
+        flags.insert(3, f"--mpi-impl={_mpi_impl()}")
     return flags
 
 
-def command(output: str, job: list[str]) -> tuple[dict, list[str]]:
+def _mpi_impl() -> str:
+    """nsys's name for the MPI that `mpiexec` here belongs to: openmpi, else mpich (the wheel's)."""
+    try:
+        version = subprocess.run([find_mpiexec(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (UsageError, OSError, subprocess.TimeoutExpired):
+        return "mpich"
+    return "openmpi" if "Open MPI" in version or "OpenRTE" in version else "mpich"
+
+
+def command(output: str, job: list[str], traces: str = TRACES) -> tuple[dict, list[str]]:
     """(environment, argv) that profile `commprof <job>` one report per rank."""
     if not job or job[0] not in ("bench", "run"):
         raise UsageError("commprof nsys needs a job: commprof nsys -- run … (or -- bench …)")
-    wrapper = shlex.join(profile_prefix(output, _backend(job)))
+    wrapper = shlex.join(profile_prefix(output, _backend(job), traces))
     # registered strings are what the nvtx package sends; 0 also lets plain ones match the capture range
     env = {"COMMPROF_RANK_WRAPPER": wrapper, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
     return env, ["commprof", *job]
@@ -66,10 +81,10 @@ def command(output: str, job: list[str]) -> tuple[dict, list[str]]:
 
 def main(args: argparse.Namespace) -> int:
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
-    env, argv = command(args.output, job)
+    env, argv = command(args.output, job, args.trace)
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
     print(shown)
-    bare = shlex.join(profile_prefix(args.output, _backend(job))).replace("{rank}", "%q{RANK}")
+    bare = shlex.join(profile_prefix(args.output, _backend(job), args.trace)).replace("{rank}", "%q{RANK}")
     print(f"# under torchrun/srun/mpiexec, in front of each rank's command (%q{{…}} = that rank's variable): {bare}")
     print(f"# then: nsys stats --report nvtx_sum,nvtx_gpu_proj_sum,cuda_gpu_kern_sum {args.output}/rank0.nsys-rep")
     if args.print_only:

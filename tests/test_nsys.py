@@ -1,12 +1,31 @@
-"""`commprof nsys`: the Nsight Systems command it prints, what it does without nsys, and — with a
-stand-in `nsys` on PATH (Nsight cannot be installed here) — that every rank really runs under its own
-`nsys profile … --output=DIR/rank<r>` with the capture range on the `measured` NVTX range."""
+"""`commprof nsys`: the Nsight Systems command it prints, what it does without nsys, that every rank
+runs under its own `nsys profile … --output=DIR/rank<r>` (a stand-in `nsys` that records its flags), and —
+with the real nsys on PATH (`tools/install_nsys.sh`; CI installs it) — that Nsight Systems records
+exactly the measured part, and in it the same ranges, nesting, categories, colours and payloads as
+commprof's own Chrome trace of the same run, and that `nsys stats` sums them."""
 
+import csv
+import io
 import os
+import shutil
+import sqlite3
 import stat
+import subprocess
 import sys
+from collections import Counter, defaultdict
+from pathlib import Path
 
+import pytest
+
+from commprof.profile import trace
+from commprof.profile.annotate import COLORS
 from spawn import commprof, env_for_tests
+from test_trace import trace_spans
+
+needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None,
+                                reason="Nsight Systems is not on PATH (tools/install_nsys.sh installs it)")
+PUSH_POP, CATEGORY, DOMAIN_CREATE = 59, 33, 75
+"""NVTX_EVENTS.eventType in nsys's SQLite export."""
 
 FAKE_NSYS = """#!{python}
 import os, sys
@@ -21,14 +40,20 @@ os.execv(rest[0], rest)
 """
 
 
-def test_prints_the_command_with_mpi_tracing_and_the_capture_range():
+def test_prints_the_command_with_the_capture_range():
     proc = commprof("nsys", "--print-only", "--output", "prof", "--", "run", "--strategy", "ddp", "--backend", "mpi")
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
-    assert "--trace=cuda,nvtx,osrt,mpi" in first and "--capture-range=nvtx" in first
+    assert "--trace=cuda,nvtx,osrt " in first and "--mpi-impl" not in first and "--capture-range=nvtx" in first
     assert "--nvtx-capture=measured@commprof" in first and "prof/rank{rank}" in first
     assert "nvtx_sum,nvtx_gpu_proj_sum,cuda_gpu_kern_sum prof/rank0.nsys-rep" in proc.stdout
     assert "prof/rank%q{RANK}" in proc.stdout  # the prefix for other launchers
+
+
+def test_mpi_tracing_is_opt_in_and_names_the_implementation():
+    proc = commprof("nsys", "--print-only", "--trace", "cuda,nvtx,osrt,mpi", "--", "bench", "--backend", "mpi")
+    assert proc.returncode == 0, proc.stderr
+    assert "--trace=cuda,nvtx,osrt,mpi --mpi-impl=mpich " in proc.stdout.splitlines()[0]  # the mpich wheel's mpiexec
 
 
 def test_without_nsys_says_so_in_one_line(tmp_path):
@@ -56,3 +81,83 @@ def test_every_rank_runs_under_its_own_nsys_profile(tmp_path):
     for rank in (0, 1):
         flags = (out / f"rank{rank}.flags").read_text().splitlines()
         assert f"--output={out}/rank{rank}" in flags and "--nvtx-capture=measured@commprof" in flags
+
+
+def nsys_spans(report: Path) -> dict[int, list[tuple]]:
+    """thread -> [(message, category, depth, duration_ns, colour, payload)] of the commprof domain in an
+    nsys report, in start order, read from its SQLite export."""
+    db = report.with_suffix(".sqlite")
+    subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite=true", "--output", str(db), str(report)],
+                   check=True, capture_output=True, timeout=300)
+    con = sqlite3.connect(db)
+    domain = con.execute(f"select domainId from NVTX_EVENTS where eventType = {DOMAIN_CREATE} and text = 'commprof'")
+    domain = domain.fetchone()[0]
+    categories = dict(con.execute(f"select category, text from NVTX_EVENTS where eventType = {CATEGORY} "
+                                  f"and domainId = {domain}"))
+    rows = con.execute("select e.globalTid, e.start, e.end, coalesce(e.text, s.value), e.category, e.color, "
+                       "e.int64Value from NVTX_EVENTS e left join StringIds s on s.id = e.textId "
+                       f"where e.eventType = {PUSH_POP} and e.domainId = {domain} order by e.start, e.end desc")
+    out, ends = defaultdict(list), defaultdict(list)
+    for tid, start, end, text, category, color, payload in rows:
+        while ends[tid] and ends[tid][-1] <= start:
+            ends[tid].pop()
+        out[tid].append((text, categories.get(category), len(ends[tid]), end - start, color & 0xFFFFFFFF, payload))
+        ends[tid].append(end)
+    return dict(out)
+
+
+def measured_part(spans: list[tuple]) -> list[tuple]:
+    """The `measured` range and everything inside it."""
+    first = next(i for i, s in enumerate(spans) if s[0] == "measured")
+    inside = next((i for i in range(first + 1, len(spans)) if spans[i][2] == 0), len(spans))
+    return spans[first:inside]
+
+
+def nvtx_sum(report: Path) -> dict[str, int]:
+    """`nsys stats --report nvtx_sum`: range -> instances."""
+    proc = subprocess.run(["nsys", "stats", "-q", "--report", "nvtx_sum", "--format", "csv", str(report)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = csv.DictReader(io.StringIO(proc.stdout[proc.stdout.index("Time (%)"):]))
+    return {row["Range"]: int(row["Instances"]) for row in rows}
+
+
+@needs_nsys
+def test_nsight_systems_records_the_measured_ranges_the_trace_shows(tmp_path):
+    reports, traced = tmp_path / "reports", tmp_path / "trace"
+    proc = commprof("nsys", "--output", str(reports), "--", "run", "--strategy", "ddp", "--nproc", "2", "--steps", "4",
+                    "--warmup", "1", "--batch-size", "8", "--eval-samples", "0", "--trace", str(traced), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):
+        report = reports / f"rank{rank}.nsys-rep"
+        (tid, seen), = nsys_spans(report).items()  # every range on the training thread
+        # the capture range: nothing from before `measured` (the warm-up iteration) or after it
+        assert seen[0][:3] == ("measured", "iteration", 0) and all(s[2] > 0 for s in seen[1:])
+        assert [s[0] for s in seen if s[2] == 1] == ["iteration 1", "iteration 2", "iteration 3"]
+        _, spans = trace_spans(trace.load(traced / f"rank{rank}.trace.json"))
+        mine = measured_part(spans)
+        assert [s[:3] for s in seen] == [s[:3] for s in mine]  # names, categories, nesting, order
+        gaps = sorted(abs(n[3] - t[3]) for n, t in zip(seen, mine))
+        assert gaps[len(gaps) // 2] < 20_000, gaps  # ns: the same ranges, not just the same names
+        assert all(colour == COLORS[category] for _, category, _, _, colour, _ in seen)
+        ops = [s for s in seen if s[1] == "comm"]
+        assert len(ops) == 3 and all(s[5] == 87_360 for s in ops)  # one bucket a step, bytes as payload
+        counts = nvtx_sum(report)
+        assert counts["commprof:measured"] == 1 and counts["commprof:forward"] == 3
+        assert counts["commprof:all_reduce (world) 85.3 KiB float32"] == 3
+
+
+@needs_nsys
+def test_nsight_systems_under_mpiexec_one_report_per_rank(tmp_path):
+    reports = tmp_path / "reports"
+    proc = commprof("nsys", "--output", str(reports), "--", "bench", "all_reduce", "broadcast", "--backend", "mpi",
+                    "--nproc", "2", "-b", "1K", "-e", "4K", "-f", "4", "-n", "4", "-w", "1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    per_rank = []
+    for rank in range(2):
+        (_, seen), = nsys_spans(reports / f"rank{rank}.nsys-rep").items()
+        assert seen[0][0] == "measured" and all(s[2] > 0 for s in seen[1:])
+        ops = Counter(s[0] for s in seen[1:])
+        assert {name.split(" (")[0] for name in ops} == {"all_reduce", "broadcast"} and len(ops) == 4
+        per_rank.append(ops)
+    assert per_rank[0] == per_rank[1]  # every rank's report holds the same collectives, as many times

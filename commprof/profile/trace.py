@@ -8,6 +8,8 @@ Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clo
   counter "bytes in flight"  the sum of the payloads of this rank's ops in flight
   flows                  arrows joining the same collective (same group, op and sequence number) on
                          every rank, in group-rank order
+  threads "stream: …"    on CUDA, the same ranges and ops as the device's stream ran them
+                         (profile/gpu_trace.py); the comm ops and flows are there, not on "comm (…)"
 The file is a JSON array written as events happen — "[", then one event per line followed by ","
 (the Horovod timeline's way); a run killed part-way leaves a file Chrome and Perfetto still open, and
 SIGTERM closes it properly ("]"). `load(path)` reads either. Rank 0 writes DIR/trace.json at the end
@@ -25,6 +27,7 @@ import zlib
 from pathlib import Path
 
 from commprof.profile.annotate import ANNOTATOR
+from commprof.profile.gpu_trace import StreamSpans
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
 FLUSH_EVERY = 4096
@@ -85,6 +88,8 @@ class TraceRecorder:
         self._lock = threading.Lock()
         self._closed = False
         self._flushed = time.perf_counter_ns()
+        self.gpu: StreamSpans | None = None
+        """The CUDA events of ranges and ops, while the trace runs on a GPU."""
         meta = {"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                 "args": {"name": f"rank {rank} ({mine['host']})"}}
         self._emit(meta)
@@ -93,22 +98,33 @@ class TraceRecorder:
         self._emit({"name": "clock_sync", "ph": "M", "pid": rank, "tid": 0, "args": {**mine, "world_size": world_size}})
         self.flush()
 
+    def attach_gpu(self, gpu: StreamSpans) -> None:
+        self.gpu = gpu
+        self._emit({"name": "gpu_clock_sync", "ph": "M", "pid": self.rank, "tid": 0,
+                    "args": {"anchor_bound_ns": gpu.bound_ns}})
+
     # ---- recording (hot path: tuples only, formatted at flush) ------------------------------
     def begin(self, label, t_ns: int) -> None:
-        self._stack.append((label, t_ns))
+        self._stack.append((label, t_ns, None if self.gpu is None else self.gpu.mark()))
 
     def end(self, t_ns: int) -> None:
         if not self._stack:
             return  # a range opened before the trace was attached
-        label, t0 = self._stack.pop()
+        label, t0, event = self._stack.pop()
         self._buf.append(("X", label, t0, t_ns))
+        if event is not None:
+            with self._lock:
+                self.gpu.pending.append((("range", label), event, self.gpu.mark()))
         if len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS):
             self.flush()
 
     def op(self, entry: tuple, comm) -> None:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
         with self._lock:
-            self._buf.append(("op", entry, comm.rank, comm.clock))
+            if self.gpu is not None and comm.clock.kind == "cuda" and not entry[5]:
+                self.gpu.pending.append((("op", entry, comm.rank), entry[3], entry[4]))
+            else:
+                self._buf.append(("op", entry, comm.rank, comm.clock))
 
     # ---- formatting and writing -------------------------------------------------------------
     def _us(self, t_ns: int) -> float:
@@ -117,15 +133,14 @@ class TraceRecorder:
     def _emit(self, event: dict) -> None:
         self._f.write(json.dumps(event, separators=(",", ":")) + ",\n")
 
-    def _comm_tid(self, group: str) -> int:
-        tid = self._threads.get(group)
+    def _thread(self, name: str) -> int:
+        tid = self._threads.get(name)
         if tid is None:
-            tid = self._threads[group] = 1_000_000 + len(self._threads)
-            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid,
-                        "args": {"name": f"comm ({group})"}})
+            tid = self._threads[name] = 1_000_000 + len(self._threads)
+            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}})
         return tid
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
         """Format what is buffered and append it to the file. Events are written as JSON text built
         from per-name prefixes (json.dumps per event would cost ~4 µs a range; this is ~1 µs)."""
         if self._closed:
@@ -133,6 +148,7 @@ class TraceRecorder:
         self._flushed = time.perf_counter_ns()
         with self._lock:
             items, self._buf = self._buf, []
+            streamed = self.gpu.ready(final) if self.gpu is not None else ()
         out, spans = [], []
         for item in items:
             if item[0] == "X":
@@ -141,6 +157,16 @@ class TraceRecorder:
                 out.append(f"{head}{self._us(t0):.3f},\"dur\":{(t1 - t0) / 1e3:.3f}{tail}")
             else:
                 self._op_events(*item[1:], spans, out)
+        for what, t0, t1 in streamed:
+            if what[0] == "op":
+                _, entry, group_rank = what
+                tid = self._thread(f"stream: comm ({entry[6]})")
+                self._op_span(entry, group_rank, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
+            else:
+                label = what[1]
+                out.append(json.dumps({"name": label.message, "cat": label.category, "ph": "X", "pid": self.rank,
+                                       "tid": self._thread("stream: ranges"), "ts": round(self._us(t0), 3),
+                                       "dur": round((t1 - t0) / 1e3, 3)}, separators=(",", ":")) + ",\n")
         self._in_flight(spans, out)
         if out:
             self._f.write("".join(out))
@@ -159,8 +185,13 @@ class TraceRecorder:
     def _op_events(self, entry: tuple, group_rank: int, clock, spans: list, out: list) -> None:
         name, nbytes, size, start, end, host, group = entry
         if clock.kind == "cuda" and not host:
-            return  # CUDA-event stamps are not host times; the training thread has the NVTX span
-        tid, ts, dur = self._comm_tid(group), self._us(start), (end - start) / 1e3
+            return  # CUDA-event stamps, with no stream spans to place them on
+        self._op_span(entry, group_rank, self._thread(f"comm ({group})"), self._us(start), (end - start) / 1e3,
+                      spans, out)
+
+    def _op_span(self, entry: tuple, group_rank: int, tid: int, ts: float, dur: float, spans: list,
+                  out: list) -> None:
+        name, nbytes, size, _, _, _, group = entry
         seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
         out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.rank},"tid":{tid},'
                    f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}},\n')
@@ -186,7 +217,7 @@ class TraceRecorder:
         """Write what is buffered and end the JSON array. Safe to call twice."""
         if self._closed:
             return
-        self.flush()
+        self.flush(final=True)
         self._closed = True
         self._f.write(json.dumps({"name": "trace_end", "ph": "M", "pid": self.rank, "tid": 0,
                                   "args": {"open_ranges": len(self._stack)}}) + "\n]\n")
@@ -207,6 +238,8 @@ def start(comm, directory: str | Path) -> TraceRecorder:
         clocks, rank, size = sync_clocks(comm), comm.rank, comm.world_size
     trace = TraceRecorder(directory / f"rank{rank}.trace.json", rank=rank, world_size=size, clocks=clocks)
     trace.clocks = clocks
+    if comm is not None and comm.clock.kind == "cuda":
+        trace.attach_gpu(StreamSpans())
     ANNOTATOR.trace = trace
     if threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):

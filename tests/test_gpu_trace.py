@@ -7,9 +7,13 @@ On a GPU, `commprof run --strategy ddp --backend nccl --trace DIR` exercises the
 
 import time
 
+import pytest
+import torch
+
 from commprof.profile import trace
 from commprof.profile.annotate import ANNOTATOR, Range
 from commprof.profile.gpu_trace import StreamSpans
+from spawn import commprof
 
 
 class HostEvent:
@@ -109,3 +113,22 @@ def test_spans_wait_until_the_stream_has_passed_them(tmp_path):
     rec.close()  # waits for the rest
     names = [e["name"] for e in spans_on(trace.load(rec.path), "stream: ranges")]
     assert names == ["iteration 0", "iteration 1", "iteration 2", "iteration 3"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_run_has_stream_spans_after_their_launches(tmp_path):
+    out = tmp_path / "trace"
+    proc = commprof("run", "--strategy", "ddp", "--backend", "nccl", "--nproc", "1", "--steps", "4", "--warmup", "1",
+                    "--batch-size", "32", "--eval-samples", "0", "--trace", str(out))
+    assert proc.returncode == 0, proc.stderr
+    events = trace.load(out / "rank0.trace.json")
+    bound_us = next(e for e in events if e.get("name") == "gpu_clock_sync")["args"]["anchor_bound_ns"] / 1e3
+    cpu, gpu = spans_on(events, "training"), spans_on(events, "stream: ranges")
+    assert [e["name"] for e in gpu] == [e["name"] for e in sorted(cpu, key=lambda e: e["ts"] + e["dur"])]
+    by_name = {}
+    for e in cpu:
+        by_name.setdefault(e["name"], []).append(e)
+    for e in gpu:  # the stream reaches a range no earlier than the host pushed it
+        host = by_name[e["name"]].pop(0)
+        assert e["ts"] >= host["ts"] - bound_us - 5, (e, host)
+    assert len(spans_on(events, "stream: comm (world)")) >= 3  # an all_reduce (or more) per measured step

@@ -201,7 +201,8 @@ class TraceRecorder:
         if name in COLLECTIVES and size > 1:
             phase = "s" if group_rank == 0 else ("f" if group_rank == size - 1 else "t")
             flow = zlib.crc32(f"{group}|{name}|{seq}".encode())
-            out.append(f'{{"name":"{name}","cat":"collective","ph":"{phase}","id":{flow},"pid":{self.rank},'
+            # the slice's own category: Chrome's DevTools panel binds a flow only to a slice of the same cat
+            out.append(f'{{"name":"{name}","cat":"comm","ph":"{phase}","id":{flow},"pid":{self.rank},'
                        f'"tid":{tid},"ts":{ts:.3f},"bp":"e"}},\n')
 
     def _in_flight(self, spans: list, out: list) -> None:

@@ -8,8 +8,9 @@ One report per rank (DIR/rank<r>.nsys-rep): commprof's own launcher (--nproc) pu
 front of each rank's command (COMMPROF_RANK_WRAPPER); under torchrun/mpiexec/srun give the printed
 `nsys profile …` prefix to each rank yourself. Traces: cuda, nvtx, osrt (--trace to change; commprof's
 NVTX ranges already name every MPI call, and Nsight Systems 2023.4's MPI interposer crashed MPICH 5
-ranks, so `mpi` is opt-in: --trace cuda,nvtx,osrt,mpi). Capture: only the measured part — the NVTX range `measured` in domain `commprof` (the iterations after
---warmup for `run`, the whole sweep for `bench`). Exercised by: `pytest tests/test_nsys.py`.
+ranks, so `mpi` is opt-in: --trace cuda,nvtx,osrt,mpi). Capture: only the measured part — the NVTX
+range `measured` in domain `commprof` (the iterations after --warmup for `run`, the whole sweep for
+`bench`). Exercised by: `pytest tests/test_nsys.py` (with the real nsys: tools/install_nsys.sh).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     commprof run --help
 
 Exit codes: 0 success, 1 wrong results or a backend failure, 2 bad input or an unsupported request,
-3 a rank that did not answer within --timeout, 130 interrupted. COMMPROF_DEBUG=1 shows tracebacks.
+3 a peer rank that stalled, died or was killed, 4 ranks that called different collectives (desync),
+130 interrupted. COMMPROF_DEBUG=1 shows tracebacks.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import os
 import sys
 
-from commprof import __version__
+from commprof import __version__, job
 from commprof.errors import CommprofError, UnsupportedError, UsageError
 
 
@@ -44,24 +45,36 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK") or os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
     who = f"rank {rank}: " if rank is not None else ""
     try:
-        return args.func(args)
+        code = args.func(args)
     except (UsageError, UnsupportedError) as exc:
         _say(f"{exc}", rank)  # the same on every rank: rank 0 says it
-        return exc.exit_code
+        code = exc.exit_code
     except CommprofError as exc:
-        _say(f"{exc}", None)  # rank-specific: already names the rank
-        _exit_now(exc.exit_code)
+        _fail(exc.exit_code, f"{exc}", rank)  # rank-specific: already names the rank
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except BrokenPipeError:  # `commprof … | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
-        return 0
+        code = 0
     except Exception as exc:  # a backend failure (peer gone, timeout inside gloo, …)
         if os.environ.get("COMMPROF_DEBUG"):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _say(f"{who}{type(exc).__name__}: {first[:300]}", None)
-        _exit_now(1)
+        _fail(1, f"{who}{type(exc).__name__}: {first[:300]}", rank)
+    job.leave(_int(rank), code)
+    return code
+
+
+def _int(rank: str | None) -> int | None:
+    return int(rank) if rank is not None and rank.isdigit() else None
+
+
+def _fail(code: int, message: str, rank: str | None) -> None:
+    """A rank's own failure: said if it is the job's first, then exit at once."""
+    if job.claim(code, message, _int(rank)):
+        _say(message, None)
+    job.leave(_int(rank), code)
+    _exit_now(code)
 
 
 def _say(message: str, rank: str | None) -> None:

@@ -1,6 +1,9 @@
 """Errors that end a run with one clear line on stderr and a non-zero exit code.
 
 Anything raised as a `CommprofError` is printed as `commprof: error: <message>` by the CLI; no traceback.
+Exit codes, the same under commprof's own launcher and under mpiexec (see commprof/job.py):
+  1 wrong results or a backend failure    2 bad input or an unsupported request
+  3 a peer rank stalled, died or was killed    4 ranks called different ops (desync)    130 interrupted
 """
 
 
@@ -22,7 +25,17 @@ class UnsupportedError(CommprofError):
     exit_code = 2
 
 
-class PeerTimeoutError(CommprofError):
-    """A rank did not answer within --timeout."""
+class PeerError(CommprofError):
+    """A peer rank stalled, died or vanished: this rank cannot go on."""
 
     exit_code = 3
+
+
+class PeerTimeoutError(PeerError):
+    """A rank did not answer within --timeout."""
+
+
+class DesyncError(CommprofError):
+    """Ranks called different collectives (name, size, dtype or group) at the same sequence number."""
+
+    exit_code = 4

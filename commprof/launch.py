@@ -1,32 +1,39 @@
 """`--nproc N`: start N local ranks of the same commprof command, so one command needs neither torchrun
-nor mpiexec.
+nor mpiexec — and end the job with one line and one exit code, whatever happens to its ranks.
 
 gloo/nccl: N child processes with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, …) and a
 rendezvous on 127.0.0.1 at a free port. mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
-the system's). If one rank fails, the others get a moment to report and are then stopped: a dead
-rank never leaves the rest hanging. COMMPROF_RANK_WRAPPER (a command line, `{rank}` replaced by the rank)
-is put in front of every rank's command — how `commprof nsys` gives each rank its own Nsight report.
-Exercised by: `pytest tests/test_launch.py`.
+the system's). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
+recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by
+a signal is named ("rank 1 was killed by SIGKILL") and the job exits 3. Once a failure is known the other
+ranks get GRACE_S to finish theirs, then every rank still alive is stopped, mpiexec's or not. A failed job's
+--json is marked incomplete with the reason and its --trace merged from the per-rank files.
+COMMPROF_RANK_WRAPPER (a command line, `{rank}` replaced by the rank) is put in front of every rank's
+command — how `commprof nsys` gives each rank its own Nsight report. Exercised by:
+`pytest tests/test_failures.py`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
+from commprof import job
 from commprof.comm import YIELD_ENV, free_port
 from commprof.errors import UsageError
 from commprof.world import usable_cores
 
 GRACE_S = 3.0
 """How long the other ranks may take to report their own error after one rank failed."""
-
 
 class _Terminated(Exception):
     """SIGTERM reached the launcher: pass it on to the ranks (so they can close their traces)."""
@@ -36,7 +43,8 @@ def _on_term(signum, frame):
     raise _Terminated
 
 
-def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool) -> int:
+def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, json_path: str | None = None,
+           trace_dir: str | None = None) -> int:
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code."""
     signal.signal(signal.SIGTERM, _on_term)
     env = dict(os.environ)
@@ -45,19 +53,33 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool) -
     # Large CPU buffers on huge pages, as NumPy gets them: otherwise a 16 MiB MPI op on a torch
     # buffer measures TLB misses (4.5-5 ms against 2.8-3.2 ms here), not the transport.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # c10d warns with a C++ stack when a rank's control-plane client finds rank 0's store gone — after
+    # a failure the job reports in one line of its own
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    folder = Path(tempfile.mkdtemp(prefix="commprof-job-"))
+    env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]
     wrapper = os.environ.get("COMMPROF_RANK_WRAPPER", "")
-    if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment
-        return _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
-                        oversubscribed)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
-               LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
-    children = [
-        subprocess.Popen(shlex.split(wrapper.replace("{rank}", str(r))) + command,
-                         env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(nproc)
-    ]
-    return _supervise(children)
+    code = 1
+    try:
+        if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment
+            code = _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
+                            oversubscribed, folder)
+        else:
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
+                       LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
+            children = [
+                subprocess.Popen(shlex.split(wrapper.replace("{rank}", str(r))) + command,
+                                 env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                for r in range(nproc)
+            ]
+            code = _supervise(children, folder, ranks=list(range(nproc)))
+    finally:
+        _stop_pids(folder)
+        if code:
+            _salvage(folder, code, json_path, trace_dir)
+        shutil.rmtree(folder, ignore_errors=True)
+    return code
 
 
 def find_mpiexec() -> str:
@@ -72,7 +94,7 @@ def find_mpiexec() -> str:
     return found
 
 
-def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool) -> int:
+def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, folder: Path) -> int:
     mpiexec = find_mpiexec()
     flags = []
     if oversubscribed:
@@ -80,21 +102,70 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool) ->
         version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
         if "Open MPI" in version or "OpenRTE" in version:
             flags.append("--oversubscribe")
-    proc = subprocess.Popen([mpiexec, "-n", str(nproc), *flags, *command], env=env)
-    return _supervise([proc])
+    proc = subprocess.Popen([mpiexec, "-n", str(nproc), *flags, *command], env=env, stdout=subprocess.PIPE)
+    banners: list[tuple[int, int]] = []
+    relay = threading.Thread(target=_relay, args=(proc.stdout, banners), daemon=True)
+    relay.start()
+    code = _supervise([proc], folder, ranks=None)
+    relay.join(timeout=5)
+    if code and job.failure(folder) is None and banners:
+        # no rank said anything: the first process mpiexec saw end badly was killed or crashed
+        pid, status = banners[0]
+        rank = {p: r for r, p in job.pids(folder).items()}.get(pid)
+        who = f"rank {rank}" if rank is not None else f"a rank (pid {pid})"
+        return _death(who, -status if 0 < status < 64 else status, folder)
+    return code
 
 
-def _supervise(children: list[subprocess.Popen]) -> int:
-    """Wait for every child; after the first failure, stop the rest once GRACE_S has passed."""
-    failed_at, code = None, 0
+_BANNER = re.compile(r"^(=+|=\s.*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|"
+                     r"Please see the FAQ page.*|\s*)$")
+
+
+def _relay(stream, banners: list) -> None:
+    """Copy mpiexec's stdout through, leaving out Hydra's "BAD TERMINATION" banner and noting its pid and
+    exit status: the launcher says what happened in one line of its own."""
+    held: list[bytes] = []
+    pid = None
+    out = sys.stdout.buffer
+    for raw in iter(stream.readline, b""):
+        text = raw.decode(errors="replace").rstrip("\n")
+        if held or "BAD TERMINATION" in text:
+            if _BANNER.match(text) or "BAD TERMINATION" in text or held and text.startswith("="):
+                held.append(raw)
+                found = re.match(r"=\s+PID (\d+) RUNNING", text)
+                pid = int(found.group(1)) if found else pid
+                status = re.match(r"=\s+EXIT CODE: (\d+)", text)
+                if status and pid is not None:
+                    banners.append((pid, int(status.group(1))))
+                if text.startswith("Please see the FAQ page"):
+                    held, pid = [], None
+                continue
+            for line in held:  # not a banner after all
+                out.write(line)
+            held = []
+        out.write(raw)
+        out.flush()
+    stream.close()
+
+
+def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[int] | None) -> int:
+    """Wait for every child; once a failure is known, stop the rest after GRACE_S. `ranks`: the rank of
+    each child, or None for one mpiexec that holds them all."""
+    failed_at = None
     try:
         while any(p.poll() is None for p in children):
-            for rank, p in enumerate(children):
-                rc = p.poll()
-                if rc not in (None, 0) and failed_at is None:
-                    failed_at, code = time.monotonic(), _exit_code(rank, rc, len(children))
-            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            if failed_at is None:
+                for i, p in enumerate(children):
+                    rc = p.poll()
+                    if rc not in (None, 0):
+                        failed_at = time.monotonic()
+                        if ranks is not None and rc < 0:
+                            _death(f"rank {ranks[i]}", rc, folder)
+                if job.failure(folder) is not None:
+                    failed_at = time.monotonic()
+            elif time.monotonic() - failed_at > GRACE_S:
                 _stop(children)
+                _stop_pids(folder)
             time.sleep(0.05)
     except KeyboardInterrupt:
         _stop(children)
@@ -102,22 +173,31 @@ def _supervise(children: list[subprocess.Popen]) -> int:
     except _Terminated:
         _stop(children)
         return 128 + signal.SIGTERM
-    if failed_at is None:
-        for rank, p in enumerate(children):
-            if p.returncode:
-                return _exit_code(rank, p.returncode, len(children))
-    return code
+    recorded = job.failure(folder)
+    if recorded is not None:
+        return recorded["code"]
+    for i, p in enumerate(children):
+        rc = p.returncode
+        if rc < 0:
+            return _death(f"rank {ranks[i]}" if ranks is not None else "mpiexec", rc, folder)
+        if rc > 128 and rc - 128 in signal.valid_signals() and ranks is not None:
+            # a shell or nsys passing its rank's signal on
+            return _death(f"rank {ranks[i]}", -(rc - 128), folder)
+        if rc:
+            return rc
+    return 0
 
 
-def _exit_code(rank: int, rc: int, n: int) -> int:
-    if rc < 0:  # killed by a signal: nobody else will say so
-        who = f"rank {rank}" if n > 1 else "mpiexec"
-        sys.stderr.write(f"commprof: error: {who} was killed by signal {signal.Signals(-rc).name}\n")
-        return 128 - rc
-    if rc > 128 and rc - 128 in signal.valid_signals():  # a shell, nsys or mpiexec passing a rank's signal on
-        who = f"rank {rank}" if n > 1 else "a rank"
-        sys.stderr.write(f"commprof: error: {who} exited with status {rc} ({signal.Signals(rc - 128).name})\n")
-    return rc
+def _death(who: str, rc: int, folder: Path) -> int:
+    """A process ended by a signal (rc < 0) or without a word: claim it as the job's failure, exit 3."""
+    if rc < 0:
+        message = f"{who} was killed by {signal.Signals(-rc).name}"
+    else:
+        message = f"{who} ended without saying why (exit status {rc})"
+    if job.claim(3, message, None, folder):
+        sys.stderr.write(f"commprof: error: {message}\n")
+        sys.stderr.flush()
+    return 3
 
 
 def _stop(children: list[subprocess.Popen]) -> None:
@@ -131,3 +211,31 @@ def _stop(children: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def _stop_pids(folder: Path) -> None:
+    """Kill every rank of this job that is still there (a stopped one outlives mpiexec's SIGTERM); a pid
+    counts as this job's only while its environment names the job folder, so a reused pid is left alone."""
+    mark = f"{job.ENV}={folder}".encode()
+    for pid in job.pids(folder).values():
+        try:
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _salvage(folder: Path, code: int, json_path: str | None, trace_dir: str | None) -> None:
+    """A failed job's files: the JSON (as far as it got) marked incomplete, the trace merged."""
+    reason = (job.failure(folder) or {}).get("message") or ("interrupted" if code == 130 else f"exit {code}")
+    if json_path:
+        from commprof.report.files import mark_incomplete
+
+        mark_incomplete(json_path, reason)
+    if trace_dir and any(Path(trace_dir).glob("rank*.trace.json")):
+        from commprof.profile import trace
+
+        try:
+            trace.merge(trace_dir)
+        except (OSError, ValueError):
+            pass

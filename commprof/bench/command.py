@@ -12,9 +12,7 @@ Exercised by: `pytest tests/test_bench_cli.py`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
 import torch
 from rich.console import Console
@@ -28,6 +26,7 @@ from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, sl
 from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import UsageError
+from commprof.report.files import dump_folder
 from commprof.profile import trace
 from commprof.profile.annotate import ANNOTATOR, MEASURED
 from commprof.report import files
@@ -63,6 +62,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", metavar="PATH", help="write env + results as JSON")
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
+    p.add_argument("--debug-dump", metavar="DIR",
+                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.set_defaults(func=main)
 
 
@@ -150,7 +151,8 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--nproc {nproc} must be at least 1")
         if nproc > 1 or cfg.backend == "mpi":
             over = nproc > slots(cfg.backend)
-            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over)
+            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,
+                                 json_path=args.json, trace_dir=args.trace)
     cfg = build_config(args, world.world_size)
     return run_rank(world, cfg, args)
 
@@ -163,7 +165,7 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
     over = world.local_world_size > have
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
+    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=dump_folder(args)) as watchdog:
         pieces = comm.gather_object(local_env(comm.device), dst=0)
         env = None if pieces is None else merge_env(
             pieces, backend=cfg.backend, world_size=comm.world_size, local_world_size=world.local_world_size,
@@ -171,11 +173,12 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
             argv=["commprof", *args.argv])
         the_plan = plan(cfg, comm.world_size)
         tracer = trace.start(comm, args.trace) if args.trace else None
-        if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
-            time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
+        if tracer is not None:
+            watchdog.on_failure(lambda code, message: trace.abandon(tracer))
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
         if world.rank == 0:
             sink = _Sink(cfg, env, args, the_plan)
+            watchdog.on_failure(sink.abandon)
             sweep(comm, cfg, the_plan, sink.add)
             sink.close()
             wrong = sink.wrong
@@ -237,8 +240,11 @@ class _Sink:
             self.console.print(f"# {label} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
         self.progress.start()
         self.current = []
+        self._write(complete=False, reason="running")
+
+    def _write(self, *, complete: bool, reason: str | None = None) -> None:
         if self.args.json:
-            files.write_json(self.args.json, self.env, self.results)
+            files.write_json(self.args.json, self.env, self.results, complete=complete, reason=reason)
         if self.args.csv:
             files.write_csv(self.args.csv, self.results)
 
@@ -246,6 +252,12 @@ class _Sink:
         if self.current:
             self._flush()
         self.progress.stop()
+        self._write(complete=True)
         for note in self.plan.notes:
             if note not in self.shown:  # combinations skipped entirely
                 self.console.print(f"note: {note}")
+
+    def abandon(self, code: int, message: str) -> None:
+        """The job failed: every point measured so far, marked incomplete with the reason."""
+        self.progress.stop()
+        self._write(complete=False, reason=message)

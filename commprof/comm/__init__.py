@@ -14,8 +14,11 @@ import socket
 
 import torch
 
+from commprof import job
 from commprof.comm import mpi_comm, torch_comm
 from commprof.comm.base import Comm, Handle
+from commprof.comm.control import ControlPlane
+from commprof.comm.faults import Injector
 from commprof.errors import PeerTimeoutError, UsageError
 from commprof.profile.clock import CpuClock, CudaClock
 from commprof.world import World, usable_cores
@@ -67,13 +70,27 @@ def free_port() -> int:
 
 
 def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False) -> Comm:
-    """Join the job described by `world` on `backend` and return the world Comm."""
+    """Join the job described by `world` on `backend` and return the world Comm, with its control plane
+    (a multi-rank job) and this rank's injected faults (COMMPROF_FAULT) attached."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    fault = Injector.for_rank(world.rank)
+    if fault is not None:
+        fault.start()
+    # before MPI_Init or a rendezvous: both hold the interpreter, so no watchdog could see a stopped peer
+    job.check_in(world.rank, world.world_size, timeout_s=timeout_s)
     if backend == "mpi":
         comm = _init_mpi(world, oversubscribed)
         comm.timeout_s = timeout_s
-        return comm
+        if world.world_size > 1:
+            comm.control = _mpi_control(comm, world)
+    else:
+        comm = _init_torch(world, backend, timeout_s)
+    comm.fault = fault
+    return comm
+
+
+def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
     if backend == "nccl":
         require_cuda()
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
@@ -90,7 +107,24 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
                                f"failed within {timeout_s:g} s (--timeout): {first}") from None
     comm.timeout_s = timeout_s
+    if world.world_size > 1:  # a second client of the rendezvous store, for the watchdog thread alone
+        comm.control = ControlPlane.connect(host=addr, port=port, rank=world.rank, world_size=world.world_size)
     return comm
+
+
+def _mpi_control(comm: Comm, world: World) -> ControlPlane:
+    """Rank 0 serves a store; the others learn where over MPI."""
+    MPI = import_mpi()
+    if world.rank == 0:
+        host = world.master_addr or socket.gethostbyname(socket.gethostname())
+        control = ControlPlane.connect(host=host, port=0, rank=0, world_size=world.world_size, serve=True)
+        where = (host, control.port)
+    else:
+        control, where = None, None
+    host, port = MPI.COMM_WORLD.bcast(where, root=0)
+    if control is None:
+        control = ControlPlane.connect(host=host, port=port, rank=world.rank, world_size=world.world_size)
+    return control
 
 
 def import_mpi():

@@ -23,9 +23,12 @@ import time
 import torch
 
 from commprof.comm.dtypes import dtype_name
-from commprof.errors import CommprofError, PeerTimeoutError
+from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 from commprof.profile.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
 from commprof.profile.recorder import OpRecorder
+
+P2P = ("send", "recv", "sendrecv")
+"""Point-to-point ops: in the flight recorder, but not counted in a group's collective seq."""
 
 __all__ = ["Comm", "Handle", "DOMAIN"]
 
@@ -43,12 +46,22 @@ class Comm:
         self.device = device
         self.clock = clock
         self.recorder = recorder if recorder is not None else OpRecorder(clock)
+        self.recorder.comms.append(self)
         self._now = clock.now
         self._append = self.recorder.ops.append
+        self._ring = self.recorder.ring.append
         self._labels: dict = {}
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
         self.busy_seq = 0
+        self.seq = 0
+        """Collectives issued on this group so far: the k-th has seq k on every member (comm/flight.py)."""
+        self.members: list[int] = list(range(world_size))
+        """Global ranks of this group, in group-rank order."""
+        self.fault = None
+        """Fault injector (comm/faults.py) called before every op; None when no fault is set."""
+        self.control = None
+        """The job's control plane (comm/control.py), on the world Comm of a multi-rank job."""
         self.timeout_s: float | None = None
         """The --timeout the backend was initialised with, for error messages."""
         self.label = "world"
@@ -107,9 +120,14 @@ class Comm:
 
     # ---- the single place where ops are wrapped, timed and logged ---------------------------
     def _call(self, name: str, nbytes: int, dtype, async_op: bool, fn, *args):
-        label = self._labels.get((name, nbytes, dtype))
-        if label is None:
-            label = self._label(name, nbytes, dtype)
+        if self.fault is not None:
+            self.fault(self, name, nbytes, dtype)
+        hit = self._labels.get((name, nbytes, dtype))
+        if hit is None:
+            hit = self._label(name, nbytes, dtype)
+        label, step = hit
+        self.seq += step
+        self._ring((self.label, self.seq, name, nbytes, dtype))
         ANNOTATOR.push(label)
         self.busy_seq += 1
         self.busy = name
@@ -139,18 +157,19 @@ class Comm:
             return PeerTimeoutError(f"rank {self.rank}: {name} did not complete{limit}: "
                                     "a peer rank stalled or died")
         if "connection reset" in lower or "connection closed" in lower or "broken pipe" in lower:
-            return CommprofError(f"rank {self.rank}: {name} failed: a peer rank exited ({first})")
+            return PeerError(f"rank {self.rank}: {name} failed: a peer rank exited ({first})")
         return CommprofError(f"rank {self.rank}: {name} failed: {first}")
 
-    def _label(self, name: str, nbytes: int, dtype):
+    def _label(self, name: str, nbytes: int, dtype) -> tuple:
+        """(NVTX label, 1 for a collective — it advances `seq` — or 0), cached per (name, size, dtype)."""
         if name.startswith("wait "):
             label = ANNOTATOR.label(f"{name} ({self.label})", "wait")
         else:
             kind = dtype_name(dtype) if dtype is not None else None
             label = ANNOTATOR.label(op_message(name, nbytes, kind, self.label), op_category(name, self.label),
                                     payload=nbytes if dtype is not None else None)
-        self._labels[(name, nbytes, dtype)] = label
-        return label
+        hit = self._labels[(name, nbytes, dtype)] = (label, 0 if name in P2P else 1)
+        return hit
 
     def range(self, message: str) -> Range:
         """An NVTX range (category `kernel`) around several ops, e.g. one step of a hand-written
@@ -219,33 +238,43 @@ class Comm:
 
 
 class Handle:
-    """An async op in flight. CPU: its completion time is taken from the work's future where the
-    backend has one (torch), else when `wait()` returns (MPI); blocking in `wait()` is an NVTX `wait`
-    range. CUDA: the span runs from an event recorded at issue to one recorded on the current stream
-    right after `wait()` has made that stream depend on the op — completion as the training stream
-    sees it, without synchronizing the device."""
+    """An async op in flight. CPU: the op completes when the backend's future says so — unless the caller
+    is already blocked in `wait()` by then, in which case it completes when `wait()` returns, as a
+    synchronous op does (so a wait never outlasts its op: exposed ≤ comm); MPI has no future, so always
+    at `wait()`. Blocking in `wait()` is an NVTX `wait` range. CUDA: the span runs from an event recorded
+    at issue to one recorded on the current stream right after `wait()` has made that stream depend on
+    the op — completion as the training stream sees it, without synchronizing the device."""
 
     def __init__(self, comm: Comm, name: str, nbytes: int, work, start) -> None:
         self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
         self._start = start
         self._lock = threading.Lock()
-        self._done = False
-        comm._watch_completion(work, self._finish)
+        self._end = None
+        """Completion, once logged."""
+        self._waiting = False
+        comm._watch_completion(work, self._completed)
 
-    def _finish(self, end, host: bool = True) -> None:
+    def _completed(self, end) -> None:
+        """The backend's future fired (its own thread)."""
         with self._lock:
-            if self._done:
+            if self._waiting or self._end is not None:
                 return
-            self._done = True
+            self._end = end
+        self._log(end, True)
+
+    def _log(self, end, host: bool) -> None:
         comm = self._comm
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
     def wait(self) -> None:
         comm = self._comm
-        label = comm._labels.get(("wait " + self._name, 0, None))
-        if label is None:
-            label = comm._label("wait " + self._name, 0, None)
-        ANNOTATOR.push(label)
+        hit = comm._labels.get(("wait " + self._name, 0, None))
+        if hit is None:
+            hit = comm._label("wait " + self._name, 0, None)
+        with self._lock:
+            self._waiting = True
+            done = self._end
+        ANNOTATOR.push(hit[0])
         comm.busy_seq += 1
         comm.busy = self._name
         try:
@@ -259,8 +288,13 @@ class Handle:
         finally:
             comm.busy = None
             ANNOTATOR.pop()
-        comm.recorder.waits.append((self._name, start, end))
         if comm.clock.kind == "cuda":
-            self._finish(comm._now(), host=False)
-        else:
-            self._finish(end)
+            comm.recorder.waits.append((self._name, start, end))
+            if done is None:
+                self._end = comm._now()
+                self._log(self._end, False)
+            return
+        if done is None:  # still in flight when the wait began: it completed when the wait returned
+            self._end = done = end
+            self._log(end, True)
+        comm.recorder.waits.append((self._name, start, min(end, done)))

@@ -153,6 +153,7 @@ class MpiComm(Comm):
     def close(self) -> None:
         # NumPy views that outlive the interpreter's teardown of torch abort the process at exit.
         self._views.clear()
+        self.control = None
 
     def new_group(self, ranks: list[int], label: str = "group") -> "MpiComm | None":
         me = self.rank
@@ -161,5 +162,6 @@ class MpiComm(Comm):
         if sub == self._MPI.COMM_NULL:
             return None
         out = MpiComm(comm=sub, clock=self.clock, recorder=self.recorder)
-        out.label, out.timeout_s = label, self.timeout_s
+        out.label, out.timeout_s, out.fault = label, self.timeout_s, self.fault
+        out.members = [self.members[r] for r in ranks]
         return out

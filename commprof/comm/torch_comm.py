@@ -55,6 +55,7 @@ class TorchComm(Comm):
         self._group = group
         self._ranks = ranks
         self._control = control_group
+        self.members = list(ranks)
 
     @classmethod
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
@@ -157,9 +158,10 @@ class TorchComm(Comm):
             return None
         sub = TorchComm(backend=self.backend, group=group, ranks=members, control_group=control,
                         device=self.device, clock=self.clock, recorder=self.recorder)
-        sub.label, sub.timeout_s = label, self.timeout_s
+        sub.label, sub.timeout_s, sub.fault = label, self.timeout_s, self.fault
         return sub
 
     def close(self) -> None:
+        self.control = None
         if self._group is None and dist.is_initialized():
             dist.destroy_process_group()

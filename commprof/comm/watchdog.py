@@ -1,9 +1,20 @@
-"""Watchdog: a rank blocked in one op for longer than --timeout ends the process with one clear line.
+"""Watchdog: how a rank's failure becomes the job's one line and one exit code.
 
-MPI has no timeouts of its own and a stalled peer would hang every other rank forever; gloo and
-NCCL time out themselves, and this is the backstop for all three. The hot path pays two attribute
-stores per op (`Comm.busy`, `Comm.busy_seq`); a daemon thread samples them.
-Exercised by: `pytest tests/test_bench_cli.py -k stall`.
+A daemon thread samples every Comm's busy state (two attribute stores per op on the hot path). An op
+busy for longer than --timeout, or a CommprofError leaving the `with Watchdog(...)` block, is a failure:
+
+  1. the rank claims it on the control plane (comm/control.py); if a peer claimed first, this rank only
+     answers: it posts its flight record and exits, quietly, with the peer's verdict;
+  2. the claimant collects every rank's flight record (comm/flight.py) for a moment: if the ranks called
+     different collectives at the same seq, the failure is a desync (exit 4) named at its first divergence,
+     otherwise it stays what it was (a stalled or dead peer: exit 3; a backend error: 1), and the ranks
+     that did not answer are named;
+  3. the verdict is posted for the others; each rank writes its flight record to the dump folder, runs
+     the salvage hooks (the results so far, marked incomplete), notes its exit in the job folder, and the
+     first to claim the job's failure there says it.
+
+MPI has no timeouts of its own and a stalled peer would hang every other rank forever; gloo and NCCL
+time out themselves, and this is the backstop for all three. Exercised by: `pytest tests/test_failures.py`.
 """
 
 from __future__ import annotations
@@ -13,39 +24,166 @@ import sys
 import threading
 import time
 
-from commprof.errors import PeerTimeoutError
+from commprof import job
+from commprof.comm import flight
+from commprof.errors import CommprofError, PeerError, PeerTimeoutError
+
+ANSWER_S = 2.0
+"""How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
+LAUNCHER_FIRST_S = 0.5
+"""A peer vanished with rank 0's store: commprof's launcher, which sees how it ended (a signal, …), names
+it better than this rank can; give it the time to claim the job's failure first."""
 
 
 class Watchdog:
-    """Samples a Comm's busy state; exits the process if one op stays busy past `timeout_s`."""
+    """Watches a Comm's ops; turns a stall or an error inside the block into the job's verdict."""
 
-    def __init__(self, comm, *, timeout_s: float, rank: int, poll_s: float = 0.2) -> None:
+    def __init__(self, comm, *, timeout_s: float, rank: int, dump_dir: str | None = None,
+                 poll_s: float = 0.2) -> None:
         self._comm = comm
         self._timeout_s = timeout_s
         self._rank = rank
+        self._dump_dir = dump_dir
         self._poll_s = min(poll_s, timeout_s / 4)
+        self._salvage: list = []
         self._stop = threading.Event()
+        self._failing = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="commprof-watchdog", daemon=True)
+
+    def on_failure(self, fn) -> None:
+        """Call `fn(code, message)` before the process exits on a failure (write what was measured)."""
+        self._salvage.append(fn)
 
     def __enter__(self) -> "Watchdog":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, exc, tb) -> bool:
         self._stop.set()
+        if exc is None:
+            self._thread.join()
+            if self._comm.control is not None:  # a clean end: let rank 0's store go only once unwatched
+                try:
+                    self._comm.control.close(within_s=self._timeout_s)
+                except Exception:
+                    pass
+            return False
+        if isinstance(exc, CommprofError):
+            self.fail(exc)  # does not return
+        if isinstance(exc, KeyboardInterrupt):
+            self._run_salvage(130, "interrupted")
+        return False
 
+    # ---- the watching thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        seen_seq, since = -1, 0.0
+        seen: dict[int, tuple] = {}
         while not self._stop.wait(self._poll_s):
-            busy, seq = self._comm.busy, self._comm.busy_seq
             now = time.monotonic()
-            if busy is None or seq != seen_seq:
-                seen_seq, since = seq, now
-                continue
-            if now - since > self._timeout_s:
-                err = PeerTimeoutError(
-                    f"rank {self._rank}: {busy} did not complete within {self._timeout_s:g} s "
-                    "(--timeout): a peer rank stalled or died")
-                sys.stderr.write(f"commprof: error: {err}\n")
-                sys.stderr.flush()
-                os._exit(err.exit_code)
+            for comm in list(self._comm.recorder.comms):
+                busy, seq = comm.busy, comm.busy_seq
+                last = seen.get(id(comm))
+                if busy is None or last is None or last[0] != seq:
+                    seen[id(comm)] = (seq, now)
+                elif now - last[1] > self._timeout_s:
+                    self.fail(PeerTimeoutError(
+                        f"rank {self._rank}: {busy} did not complete within {self._timeout_s:g} s "
+                        "(--timeout): a peer rank stalled or died"))
+            control = self._comm.control
+            if control is not None and not self._stop.is_set():
+                try:
+                    claim = control.claimed()
+                except Exception:  # rank 0, the store's host, is gone: our own timeout will tell
+                    claim, self._comm.control = None, None
+                if claim is not None and claim["rank"] != self._rank:
+                    self._answer(claim)
+
+    # ---- failing --------------------------------------------------------------------------------
+    def fail(self, err: CommprofError) -> None:
+        """End the job for `err`, from any thread; never returns."""
+        self._failing.acquire()  # a second failure (the other thread) waits here for the exit
+        self._stop.set()
+        code, message = err.exit_code, str(err)
+        control, answered = self._comm.control, []
+        if control is not None:
+            try:
+                if not control.claim(code, message):
+                    self._answer(control.claimed(), locked=True)
+                control.post_state(self._snapshot(message))
+                states = control.states(within_s=min(ANSWER_S, self._timeout_s))
+                answered = [r for r in states if r != self._rank]
+                code, message = _verdict(code, message, states, control.world_size, self._rank)
+            except Exception:  # the control plane is gone with rank 0: say what this rank saw
+                control = None
+                if isinstance(err, PeerError):
+                    time.sleep(LAUNCHER_FIRST_S)
+        # Said and saved before the verdict goes out: the answering ranks exit on it, and mpiexec may then
+        # stop this one at once.
+        self._leave(code, message, speak=True)
+        if control is not None:
+            try:
+                control.post_verdict(code, message)
+                control.wait_acks(answered, within_s=1.0)  # rank 0 serves the store: let them read it
+            except Exception:
+                pass
+        self._exit(code)
+
+    def _answer(self, claim: dict, locked: bool = False) -> None:
+        """A peer claimed the failure: post this rank's record, take the verdict, exit with it."""
+        if not locked:
+            self._failing.acquire()
+        self._stop.set()
+        control = self._comm.control
+        code, message = claim["code"], claim["message"]
+        try:
+            control.post_state(self._snapshot(f"answering rank {claim['rank']}"))
+            verdict = control.verdict(within_s=min(ANSWER_S, self._timeout_s) + 2.0)
+            if verdict is not None:
+                code, message = verdict["code"], verdict["message"]
+        except Exception:
+            pass
+        self._leave(code, message, speak=False)
+        self._exit(code)
+
+    def _snapshot(self, reason: str) -> dict:
+        return flight.snapshot(self._comm.recorder, rank=self._rank, reason=reason)
+
+    def _run_salvage(self, code: int, message: str) -> None:
+        for fn in self._salvage:
+            try:
+                fn(code, message)
+            except Exception as exc:  # salvage is best effort: never let it hide the failure
+                sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: {exc}\n")
+
+    def _leave(self, code: int, message: str, *, speak: bool) -> None:
+        """Flight record dumped, results saved; the claimant records the job's failure and says it (an
+        answering rank does not: it exits first and would silence the claimant in the job folder)."""
+        if self._dump_dir:
+            try:
+                flight.dump(self._dump_dir, self._snapshot(message))
+            except OSError:
+                pass
+        self._run_salvage(code, message)
+        if speak and job.claim(code, message, self._rank):
+            sys.stderr.write(f"commprof: error: {message}\n")
+            sys.stderr.flush()
+
+    def _exit(self, code: int) -> None:
+        job.leave(self._rank, code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _verdict(code: int, message: str, states: dict, world_size: int, me: int) -> tuple[int, str]:
+    """The claimant's conclusion from the flight records it got: a desync (exit 4) if the ranks called
+    different collectives, else its own failure with the ranks that did not answer or sat in no op."""
+    desync = flight.first_divergence(states)
+    if desync:
+        return 4, desync
+    silent = [r for r in range(world_size) if r not in states]
+    idle = [r for r, snap in sorted(states.items()) if not snap["busy"] and r != me]
+    if silent:
+        message += f"; rank {', '.join(map(str, silent))} did not answer on the control plane"
+    if idle:
+        message += f"; rank {', '.join(map(str, idle))} was in no op"
+    return code, message

@@ -9,8 +9,12 @@ Exercised by: `pytest tests/test_comm.py`.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from typing import NamedTuple
+
+RING_LENGTH = 256
+"""Ops the flight recorder keeps per rank (comm/flight.py): enough to reach back past one bench size
+or one training step's buckets."""
 
 
 class OpRecord(NamedTuple):
@@ -35,6 +39,11 @@ class OpRecorder:
         """(name, nbytes, group_size, start, end, host, group) per completed op, in completion order."""
         self.waits: list[tuple] = []
         """(name, start_ns, end_ns) per Handle.wait: time the caller was blocked on comm."""
+        self.ring: deque = deque(maxlen=RING_LENGTH)
+        """(group, seq, name, nbytes, dtype) per op at issue, the last RING_LENGTH: the flight recorder.
+        Never cleared: it must reach back across iterations."""
+        self.comms: list = []
+        """Every Comm sharing this log (the world and its subgroups), for the watchdog and the recorder."""
 
     def mark(self) -> int:
         """Position to pass to `records(since=…)` later."""

@@ -253,6 +253,12 @@ def start(comm, directory: str | Path) -> TraceRecorder:
     return trace
 
 
+def abandon(trace: TraceRecorder) -> None:
+    """A failing rank's trace: detached and closed as it stands, for `merge` to pick up."""
+    ANNOTATOR.trace = None
+    trace.close()
+
+
 def finish(comm, trace: TraceRecorder, directory: str | Path) -> Path | None:
     """Detach and close this rank's file; rank 0 writes the merged file (returned there)."""
     ANNOTATOR.trace = None

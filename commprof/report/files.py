@@ -33,8 +33,24 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-def write_json(path: str | Path, env: dict, results: list[dict]) -> None:
-    write_atomic(path, json.dumps({"env": env, "results": results}, indent=1) + "\n")
+def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,
+               reason: str | None = None) -> None:
+    """The bench's results so far; `complete` False (with the reason) while or because the sweep stopped early."""
+    doc = {"complete": complete, **({"reason": reason} if reason else {}), "env": env, "results": results}
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def mark_incomplete(path: str | Path, reason: str) -> None:
+    """After a failed job: a JSON that is not marked complete says why it stopped (made if absent)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict) or doc.get("complete") is True:
+        return
+    doc = {"complete": False, "reason": reason, **{k: v for k, v in doc.items() if k not in ("complete", "reason")}}
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
 def write_csv(path: str | Path, results: list[dict]) -> None:
@@ -43,3 +59,10 @@ def write_csv(path: str | Path, results: list[dict]) -> None:
     writer.writeheader()
     writer.writerows(results)
     write_atomic(path, buf.getvalue())
+
+
+def dump_folder(args) -> str | None:
+    """Where a failing rank writes its flight record: --debug-dump, else the --json file's folder."""
+    if getattr(args, "debug_dump", None):
+        return args.debug_dump
+    return str(Path(args.json).resolve().parent) if getattr(args, "json", None) else None

@@ -79,6 +79,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
+    p.add_argument("--debug-dump", metavar="DIR",
+                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--torch-profiler", metavar="DIR",
                    help="also a PyTorch profiler (Kineto) trace per rank, with what Holistic Trace Analysis needs")
@@ -176,7 +178,8 @@ def main(args: argparse.Namespace) -> int:
         build_config(args, nproc)
         if nproc > 1 or cfg.backend == "mpi":
             over = nproc > slots(cfg.backend)
-            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over)
+            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,
+                                 json_path=args.json, trace_dir=args.trace)
     cfg = build_config(args, world.world_size)
     return run_rank(world, cfg, args)
 
@@ -193,12 +196,16 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
         _trace_done(None, tracer, args)
         return _report(cfg, args, [result], local_env(device), world, over)
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank):
+    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=files.dump_folder(args)) as watchdog:
         env_piece = local_env(comm.device)
-        if os.environ.get("COMMPROF_DEBUG_STALL_RANK") == str(world.rank):
-            time.sleep(1e6)  # test hook: a rank that stops answering, to exercise --timeout
         tracer = trace.start(comm, args.trace) if args.trace else None
-        result = train(cfg, comm if cfg.strategy != "single" else None, comm.device)
+        if tracer is not None:
+            watchdog.on_failure(lambda code, message: trace.abandon(tracer))
+        partial = _Partial(cfg.json, world.rank, world.world_size) if cfg.json and world.rank == 0 else None
+        if partial is not None:
+            watchdog.on_failure(partial.abandon)
+        result = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
+                       on_step=partial.update if partial is not None else None)
         _trace_done(comm, tracer, args)
         state = result.pop("state")
         gathered = comm.gather_object((result, env_piece), dst=0)
@@ -209,6 +216,33 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
         code = _report(cfg, args, results, [e for _, e in gathered], world, over)
     comm.close()
     return code
+
+
+class _Partial:
+    """Rank 0's iterations while the run goes, in the --json file (at most every SAVE_S), marked
+    incomplete: a run that dies keeps what it measured; the finished run's report replaces it."""
+
+    SAVE_S = 1.0
+
+    def __init__(self, path: str, rank: int, world_size: int) -> None:
+        self.path, self.rank, self.world_size = path, rank, world_size
+        self.iterations: list[dict] = []
+        self.saved = time.monotonic()
+
+    def update(self, iterations: list[dict]) -> None:
+        self.iterations = iterations
+        if time.monotonic() - self.saved >= self.SAVE_S:
+            self._write("running")
+
+    def abandon(self, code: int, message: str) -> None:
+        self._write(message)
+
+    def _write(self, reason: str) -> None:
+        doc = {"complete": False, "reason": reason, "world_size": self.world_size,
+               "note": f"iterations of rank {self.rank} only: the other ranks' figures are gathered at the end",
+               "iterations": {str(self.rank): self.iterations}}
+        files.write_atomic(self.path, json.dumps(doc, indent=1) + "\n")
+        self.saved = time.monotonic()
 
 
 def _trace_done(comm, tracer, args) -> None:
@@ -246,5 +280,5 @@ def _report(cfg: RunConfig, args, results: list[dict], env_pieces, world: World,
     for table in run_tables(doc):
         console.print(table)
     if cfg.json:
-        files.write_atomic(cfg.json, json.dumps(doc, indent=1) + "\n")
+        files.write_atomic(cfg.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
     return 0

@@ -61,8 +61,9 @@ def _checkpointed(forward):
     return run
 
 
-def train(cfg: RunConfig, comm, device: torch.device) -> dict:
-    """Train on this rank; returns per-iteration figures, losses, volume, memory and accuracy."""
+def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
+    """Train on this rank; returns per-iteration figures, losses, volume, memory and accuracy.
+    `on_step(iterations)` sees the measured iterations so far after each one (to save them early)."""
     source, spec = build(cfg)
     spec.module.to(device)
     # counted before a tensor-parallel strategy replaces layers by this rank's slices
@@ -107,6 +108,8 @@ def train(cfg: RunConfig, comm, device: torch.device) -> dict:
                                    "schedule_ms": split.schedule_ns * MS,
                                    "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
                 volumes.append(step_volume(phases.ops()))
+                if on_step is not None:
+                    on_step(iterations)
             recorder.clear()
             kineto.step(prof)
     ANNOTATOR.pop()  # measured

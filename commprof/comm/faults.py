@@ -1,0 +1,132 @@
+"""Fault injection at the Comm level, for exercising how a job fails: `COMMPROF_FAULT`, a comma list of
+
+    KIND:rank=R[:op=NAME][:seq=N][:at=start][:signal=SIG]
+
+KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hung rank)
+       stop    the rank sends itself SIGSTOP: nothing of it runs any more (a frozen process)
+       die     the rank sends itself SIGKILL, or `signal` (a crashed or killed process)
+       desync  the rank issues one extra broadcast (from rank 0, as many bytes) before the op: a rank that
+               calls something its peers do not
+rank   which rank (default 0)
+op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
+seq    fire at the N-th such op this rank issues, 1-based (default 1)
+at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op
+
+    COMMPROF_FAULT=stall:rank=1:seq=5 commprof bench --nproc 2 --timeout 3
+    COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
+    COMMPROF_FAULT=desync:rank=1:seq=3 commprof bench all_reduce --backend mpi --nproc 2
+
+The hot path pays one attribute test per op when no fault is set. Exercised by: `pytest tests/test_failures.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from commprof.errors import UsageError
+
+ENV = "COMMPROF_FAULT"
+KINDS = ("stall", "stop", "die", "desync")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure."""
+
+    kind: str
+    """stall, stop, die or desync."""
+    rank: int = 0
+    """The rank it happens on."""
+    op: str | None = None
+    """Count only ops of this name; None counts every data-plane op."""
+    seq: int = 1
+    """Fire at the seq-th counted op."""
+    at: str = "op"
+    """'op' (at an op) or 'start' (before check-in)."""
+    signal: str = "KILL"
+    """The signal `die` sends."""
+
+
+def parse(spec: str) -> list[Fault]:
+    """COMMPROF_FAULT's value -> faults; UsageError naming the bad part."""
+    faults = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        kind, *fields = part.split(":")
+        if kind not in KINDS:
+            raise UsageError(f"{ENV}: unknown fault {kind!r} in {part!r}: choose from {', '.join(KINDS)}")
+        values: dict = {}
+        for field in fields:
+            key, _, value = field.partition("=")
+            if key in ("rank", "seq"):
+                if not value.isdigit():
+                    raise UsageError(f"{ENV}: {key}={value!r} in {part!r} is not a whole number")
+                values[key] = int(value)
+            elif key in ("op", "at", "signal"):
+                values[key] = value
+            else:
+                raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, at, signal")
+        fault = Fault(kind, **values)
+        if fault.at not in ("op", "start"):
+            raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start' or leave it out")
+        if fault.seq < 1:
+            raise UsageError(f"{ENV}: seq={fault.seq} in {part!r} must be at least 1")
+        if not hasattr(signal, "SIG" + fault.signal):
+            raise UsageError(f"{ENV}: unknown signal {fault.signal!r} in {part!r}")
+        faults.append(fault)
+    return faults
+
+
+class Injector:
+    """This rank's faults; `Comm._call` calls it before every op."""
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self._faults = faults
+        self._counts = [0] * len(faults)
+        self._firing = False
+
+    @classmethod
+    def for_rank(cls, rank: int) -> "Injector | None":
+        faults = [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
+        return cls(faults) if faults else None
+
+    def start(self) -> None:
+        """Fire the faults meant for start-up."""
+        for fault in self._faults:
+            if fault.at == "start":
+                _fire(fault, None, 0, None)
+
+    def __call__(self, comm, name: str, nbytes: int, dtype) -> None:
+        if self._firing:  # the extra op of a desync is not counted
+            return
+        for i, fault in enumerate(self._faults):
+            if fault.at != "op" or (fault.op is not None and fault.op != name):
+                continue
+            self._counts[i] += 1
+            if self._counts[i] == fault.seq:
+                self._firing = True
+                try:
+                    _fire(fault, comm, nbytes, dtype)
+                finally:
+                    self._firing = False
+
+
+def _fire(fault: Fault, comm, nbytes: int, dtype) -> None:
+    if fault.kind == "stall":
+        while True:
+            time.sleep(3600)
+    if fault.kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return  # continued by someone: go on
+    if fault.kind == "die":
+        os.kill(os.getpid(), getattr(signal, "SIG" + fault.signal))
+        time.sleep(3600)  # a catchable signal's handler may let us get here
+    if fault.kind == "desync" and comm is not None:
+        import torch
+
+        # A broadcast where the peers run `op`: gloo and MPICH both leave such a pair hanging (the
+        # watchdog's case); a same-op size mismatch would make them abort the process instead.
+        extra = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=comm.device)
+        comm.broadcast(extra, src=0)

@@ -1,0 +1,103 @@
+"""The flight recorder: every rank's last ops, and the first place where the ranks' calls diverge.
+
+`Comm._call` appends one tuple per op to a short ring shared by a rank's Comms — (group, seq, name, bytes,
+dtype), seq counting the collectives of that group, so the k-th collective of a group has the same seq on
+every member. Point-to-point ops are kept (they show where a rank was) but never compared: a pipeline's
+stages legitimately send and receive different things. On a failure (a timeout, a backend error) the
+ranks' snapshots are exchanged over the control plane and `first_divergence` names the earliest seq at
+which the members of a group called different collectives — or at which one rank called one and a peer,
+blocked in another op, never will — as one line:
+
+    desync at all_reduce seq 17 (world): rank 0 called all_reduce 4 KiB float32, rank 1 called all_gather 8 KiB float32
+
+`dump` writes a rank's snapshot as JSON (`--debug-dump DIR`, or beside the --json file on a failure).
+Exercised by: `pytest tests/test_failures.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commprof.comm.dtypes import dtype_name
+from commprof.report.units import format_bytes
+
+P2P = ("send", "recv", "sendrecv")
+"""Not compared across ranks: a stage sends what its neighbour receives, sizes may differ per rank."""
+
+
+def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:
+    """This rank's flight record as plain data: its ring, its groups, where each group's seq stands and
+    the op it is blocked in, if any."""
+    comms = list(recorder.comms)
+    busy = next((f"{c.busy} ({c.label})" for c in comms if c.busy is not None), None)
+    return {
+        "rank": rank,
+        "reason": reason,
+        "busy": busy,
+        "groups": {c.label: list(c.members) for c in comms},
+        "seqs": {c.label: c.seq for c in comms},
+        "ring": [[label, seq, name, nbytes, dtype_name(dtype) if dtype is not None else None]
+                 for label, seq, name, nbytes, dtype in list(recorder.ring)],
+    }
+
+
+def describe(name: str, nbytes: int, dtype: str | None) -> str:
+    return f"{name} {format_bytes(nbytes)}{' ' + dtype if dtype else ''}"
+
+
+def first_divergence(snapshots: dict[int, dict]) -> str | None:
+    """The earliest collective seq, in any group, at which the reporting members' calls differ; None when
+    every rank that answered agrees (then the failure is a stall or a death, not a desync)."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, snap in snapshots.items():
+        for label, members in snap["groups"].items():
+            groups.setdefault((label, tuple(members)), [])
+            if rank in members:
+                groups[(label, tuple(members))].append(rank)
+    found = []
+    for (label, _members), ranks in sorted(groups.items()):
+        if len(ranks) < 2:
+            continue
+        calls = {r: {seq: (name, nbytes, dtype) for lbl, seq, name, nbytes, dtype in snapshots[r]["ring"]
+                     if lbl == label and name not in P2P} for r in ranks}
+        last = {r: snapshots[r]["seqs"].get(label, 0) for r in ranks}
+        # older seqs may have left some rank's ring: compare only what every member still holds
+        start = max((min(c) if c else last[r] + 1) for r, c in calls.items())
+        for seq in range(start, max(last.values()) + 1):
+            line = _diverges(label, seq, {r: calls[r].get(seq) for r in ranks}, last, snapshots)
+            if line:
+                found.append((seq, line))
+                break
+    return min(found)[1] if found else None
+
+
+def _diverges(label: str, seq: int, at: dict, last: dict, snapshots: dict) -> str | None:
+    made = {r: c for r, c in at.items() if c is not None}
+    if not made:
+        return None
+    # a member that has not reached seq is a desync only if it is blocked in some other op: an idle one
+    # is merely late (a stall, reported as such)
+    absent = [r for r, c in at.items() if c is None and last[r] < seq and snapshots[r]["busy"]]
+    if len(set(made.values())) == 1 and not absent:
+        return None
+    first = made[min(made)]
+    parts = []
+    for call in dict.fromkeys(made[r] for r in sorted(made)):
+        who = [r for r in sorted(made) if made[r] == call]
+        parts.append(f"{_ranks(who)} called {describe(*call)}")
+    for r in absent:
+        parts.append(f"{_ranks([r])} called nothing at this seq (it is in {snapshots[r]['busy']})")
+    return f"desync at {first[0]} seq {seq} ({label}): " + ", ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def dump(folder: str | Path, snap: dict) -> Path:
+    """Write one rank's snapshot to FOLDER/rank<r>.flight.json."""
+    path = Path(folder) / f"rank{snap['rank']}.flight.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(snap, indent=1) + "\n")
+    return path

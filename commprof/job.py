@@ -1,0 +1,110 @@
+"""The job folder: what the ranks of one `commprof --nproc N` launch share besides the network.
+
+The launcher makes a private folder and names it in COMMPROF_JOB_DIR. In it:
+  rank<r>.pid     each rank's pid, written when it starts (the launcher stops every one of them at the end,
+                  even one that mpiexec lost track of, e.g. a stopped process)
+  rank<r>.exit    the code a rank exited with, written as it leaves
+  failure.json    the job's failure — exit code, one line, who saw it — created once, by whoever saw a
+                  failure first (a rank, or the launcher when a rank was killed by a signal): the job exits
+                  with that code whatever mpiexec makes of its ranks' ends, and only that one line is said
+Ranks check in here before they touch the network: MPI_Init and a torch rendezvous hold the interpreter,
+so a peer that stops during start-up can only be seen before them.
+
+Without the folder (torchrun, srun, a bare mpiexec) every function here is a no-op that lets a rank
+speak for itself. Exercised by: `pytest tests/test_failures.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from commprof.errors import PeerTimeoutError
+
+ENV = "COMMPROF_JOB_DIR"
+FAILURE = "failure.json"
+
+
+def folder() -> Path | None:
+    """This job's folder, or None when no commprof launcher made one."""
+    path = os.environ.get(ENV)
+    return Path(path) if path else None
+
+
+def claim(code: int, message: str, rank: int | None, where: Path | None = None) -> bool:
+    """Record the job's failure; True when this is the first one (its finder says it), False otherwise.
+    `where`: the job folder (the launcher's own; ranks find theirs in the environment)."""
+    where = where or folder()
+    if where is None:
+        return True
+    try:
+        fd = os.open(where / FAILURE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:  # the folder went away: the launcher is gone, speak for ourselves
+        return True
+    with os.fdopen(fd, "w") as f:
+        json.dump({"code": code, "message": message, "rank": rank}, f)
+    return True
+
+
+def failure(where: Path) -> dict | None:
+    """The failure recorded in `where`, or None (also while its writer has not finished writing it)."""
+    try:
+        return json.loads((where / FAILURE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_in(rank: int, world_size: int, *, timeout_s: float, poll_s: float = 0.02) -> None:
+    """Leave this rank's pid and wait until every rank of the job has, at most `timeout_s` after arriving."""
+    where = folder()
+    if where is None:
+        return
+    mine = where / f"rank{rank}.pid"
+    mine.write_text(str(os.getpid()))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(world_size) if not (where / f"rank{r}.pid").exists()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            who = ", ".join(map(str, missing))
+            raise PeerTimeoutError(f"rank {rank}: rank {who} did not start within {timeout_s:g} s (--timeout) "
+                                   "of this one: a peer rank stalled or died during start-up")
+        time.sleep(poll_s)
+
+
+def leave(rank: int | None, code: int) -> None:
+    """Note the code this rank exits with."""
+    where = folder()
+    if where is None or rank is None:
+        return
+    try:
+        (where / f"rank{rank}.exit").write_text(str(code))
+    except OSError:
+        pass
+
+
+def pids(where: Path) -> dict[int, int]:
+    """rank -> pid of every rank that checked in."""
+    out = {}
+    for path in where.glob("rank*.pid"):
+        try:
+            out[int(path.stem[4:])] = int(path.read_text())
+        except ValueError:
+            continue
+    return out
+
+
+def exits(where: Path) -> dict[int, int]:
+    """rank -> exit code of every rank that left through commprof's own exit."""
+    out = {}
+    for path in where.glob("rank*.exit"):
+        try:
+            out[int(path.stem[4:])] = int(path.read_text())
+        except ValueError:
+            continue
+    return out

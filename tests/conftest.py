@@ -1,4 +1,39 @@
+"""Test-wide set-up: tests/ on the path, and a check at the end of the run that no process a test
+started (spawn.py marks them all) is still alive — a leaked rank fails the run."""
+
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from spawn import SESSION_ENV, processes  # noqa: E402
+
+LEAK_GRACE_S = 5.0
+"""Time a process of the last test gets to finish exiting before it counts as leaked."""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return
+    deadline = time.monotonic() + LEAK_GRACE_S
+    left = processes(SESSION_ENV, str(os.getpid()))
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = processes(SESSION_ENV, str(os.getpid()))
+    if not left:
+        return
+    lines = []
+    for pid in left:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        lines.append(f"  pid {pid}: {cmd[:200]}")
+    if lines:
+        sys.stderr.write("\nprocesses started by the tests were still alive at the end (killed now):\n"
+                         + "\n".join(lines) + "\n")
+        session.exitstatus = 1

@@ -1,26 +1,86 @@
 """Start real ranks for tests: N local processes with torchrun's variables (gloo), or mpiexec -n N (MPI).
 
     proc = spawn([sys.executable, "script.py"], nproc=3, backend="gloo")
+
+Every job runs in a session of its own: when one rank fails the others get GRACE_S to finish theirs, and
+on a failure or a timeout the whole session is killed, so no test waits on a rank that can never finish
+and none leaves a process behind. Every process started here carries SESSION_ENV, so conftest.py can
+check at the end of the run that none is still alive.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 from commprof.comm import free_port
 from commprof.launch import find_mpiexec
 
 TIMEOUT_S = 180
+GRACE_S = 10.0
+"""How long the other ranks of a job may run on after one failed, to report their own error."""
+SESSION_ENV = "COMMPROF_TEST_SESSION"
+"""Names the pytest process that started a process: the leak check finds them by it."""
 
 
 def env_for_tests(**extra: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for key in ("COMMPROF_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT"):
+    for key in ("COMMPROF_DEBUG", "COMMPROF_FAULT", "COMMPROF_JOB_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    return {**env, **extra}
+    return {**env, SESSION_ENV: str(os.getpid()), **extra}
+
+
+def _run(commands: list[tuple[list[str], dict]], timeout: float) -> subprocess.CompletedProcess:
+    """Run processes side by side, each in its own session, output to files (no pipe can fill up)."""
+    with tempfile.TemporaryDirectory(prefix="commprof-test-") as tmp:
+        procs, files = [], []
+        for i, (command, env) in enumerate(commands):
+            out, err = open(Path(tmp) / f"{i}.out", "w+"), open(Path(tmp) / f"{i}.err", "w+")
+            files.append((out, err))
+            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                          start_new_session=True))
+        deadline = time.monotonic() + timeout
+        first_failure = None
+        while any(p.poll() is None for p in procs):
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed and first_failure is None:
+                first_failure = failed[0]
+                deadline = min(deadline, time.monotonic() + GRACE_S)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        timed_out = first_failure is None and any(p.returncode is None for p in procs)
+        for p in procs:
+            kill_session(p)
+        texts = []
+        for out, err in files:
+            out.seek(0)
+            err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close()
+            err.close()
+    if timed_out:
+        raise subprocess.TimeoutExpired(commands[0][0], timeout, "".join(o for o, _ in texts),
+                                        "".join(e for _, e in texts))
+    # the worst rank's code, but a rank killed here after another failed does not hide that failure
+    code = first_failure if first_failure is not None else max((p.returncode for p in procs), key=abs)
+    return subprocess.CompletedProcess(commands[0][0], code, "".join(o for o, _ in texts),
+                                       "".join(e for _, e in texts))
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """Kill `proc` and everything it started (its session), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = None,
@@ -28,21 +88,32 @@ def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = No
     """Run `command` as `nproc` ranks and wait; stdout/stderr of all ranks, exit code = worst rank's."""
     env = env_for_tests() if env is None else env
     if backend == "mpi":
-        return subprocess.run([find_mpiexec(), "-n", str(nproc), *command], env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        return _run([([find_mpiexec(), "-n", str(nproc), *command], env)], timeout)
     port = str(free_port())
-    procs = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**env, "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
-                              "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
-        for r in range(nproc)
-    ]
-    outs = [p.communicate(timeout=timeout) for p in procs]
-    code = max((p.returncode for p in procs), key=abs)
-    return subprocess.CompletedProcess(command, code, "".join(o for o, _ in outs), "".join(e for _, e in outs))
+    return _run([(command, {**env, "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
+                            "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+                 for r in range(nproc)], timeout)
 
 
 def commprof(*args: str, env: dict | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run the commprof CLI as a user would (its own launcher does the rest)."""
-    return subprocess.run([sys.executable, "-m", "commprof", *args], env=env_for_tests() if env is None else env,
-                          capture_output=True, text=True, timeout=timeout)
+    return _run([([sys.executable, "-m", "commprof", *args], env_for_tests() if env is None else env)], timeout)
+
+
+def processes(marker: str, value: str) -> dict[int, dict[str, str]]:
+    """pid -> environment of every live process (zombies aside) whose environment has marker=value."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        if env.get(marker) == value:
+            found[int(entry.name)] = env
+    return found

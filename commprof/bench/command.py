@@ -228,6 +228,7 @@ class _Sink:
         self.wrong += sum(r["wrong"] or 0 for r in records)
         self.progress.update(self.task, advance=1,
                              description=f"{point.collective.name} {point.dtype or ''} {point.count} el.")
+        self._write(complete=False, reason="running", sync=False)  # a rank killed next loses nothing
 
     def _flush(self) -> None:
         name, algo = self.current[0]["collective"], self.current[0]["algo"]
@@ -240,13 +241,12 @@ class _Sink:
             self.console.print(f"# {label} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
         self.progress.start()
         self.current = []
-        self._write(complete=False, reason="running")
 
-    def _write(self, *, complete: bool, reason: str | None = None) -> None:
+    def _write(self, *, complete: bool, reason: str | None = None, sync: bool = True) -> None:
         if self.args.json:
-            files.write_json(self.args.json, self.env, self.results, complete=complete, reason=reason)
+            files.write_json(self.args.json, self.env, self.results, complete=complete, reason=reason, sync=sync)
         if self.args.csv:
-            files.write_csv(self.args.csv, self.results)
+            files.write_csv(self.args.csv, self.results, sync=sync)
 
     def close(self) -> None:
         if self.current:

@@ -54,6 +54,8 @@ class Comm:
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""
         self.busy_seq = 0
+        self.failed: str | None = None
+        """The op the backend raised in, for the flight recorder (busy is reset on the way out)."""
         self.seq = 0
         """Collectives issued on this group so far: the k-th has seq k on every member (comm/flight.py)."""
         self.members: list[int] = list(range(world_size))
@@ -149,6 +151,7 @@ class Comm:
 
     def failure(self, name: str, exc: BaseException) -> CommprofError:
         """A backend exception as one clear error: a timeout, a vanished peer, or the first line."""
+        self.failed = name
         text = str(exc).strip()
         first = text.splitlines()[0][:240] if text else type(exc).__name__
         lower = text.lower()
@@ -192,7 +195,7 @@ class Comm:
 
     def control_barrier(self) -> None:
         """Wait for every rank, outside the op log."""
-        self._blocking("barrier", self._control_barrier)
+        self._blocking("control_barrier", self._control_barrier)
 
     def _blocking(self, name: str, fn, *args):
         self.busy_seq += 1

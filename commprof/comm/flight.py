@@ -30,7 +30,7 @@ def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:
     """This rank's flight record as plain data: its ring, its groups, where each group's seq stands and
     the op it is blocked in, if any."""
     comms = list(recorder.comms)
-    busy = next((f"{c.busy} ({c.label})" for c in comms if c.busy is not None), None)
+    busy = next((f"{c.busy or c.failed} ({c.label})" for c in comms if (c.busy or c.failed) is not None), None)
     return {
         "rank": rank,
         "reason": reason,

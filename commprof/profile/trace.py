@@ -96,7 +96,7 @@ class TraceRecorder:
         self._emit({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         self._emit({"name": "thread_name", "ph": "M", "pid": rank, "tid": self._tid, "args": {"name": "training"}})
         self._emit({"name": "clock_sync", "ph": "M", "pid": rank, "tid": 0, "args": {**mine, "world_size": world_size}})
-        self.flush()
+        self._f.flush()  # on disk now: a rank killed before its first flush still leaves a loadable file
 
     def attach_gpu(self, gpu: StreamSpans) -> None:
         self.gpu = gpu
@@ -297,6 +297,6 @@ def merge(directory: str | Path) -> Path:
     """Rebuild DIR/trace.json from DIR/rank*.trace.json (e.g. after a killed run)."""
     directory = Path(directory)
     files = sorted(directory.glob("rank*.trace.json"), key=lambda p: int(p.name[4:].split(".")[0]))
-    per_rank = [load(p) for p in files]
+    per_rank = [load(p) for p in files if p.stat().st_size]  # a rank killed while opening its file
     clocks = [e["args"] for rank in per_rank for e in rank if e.get("name") == "clock_sync"]
     return write_merged(directory, per_rank, {"ranks": clocks} if clocks else None)

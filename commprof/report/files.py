@@ -18,7 +18,9 @@ CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "dtype", "redop", 
                "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str, *, sync: bool = True) -> None:
+    """Replace `path` by `text` in one rename. `sync` False skips the fsync: still whole after a killed
+    process, only not after a crash of the machine — for the snapshots rewritten while a run goes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -26,7 +28,8 @@ def write_atomic(path: str | Path, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -34,10 +37,10 @@ def write_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,
-               reason: str | None = None) -> None:
+               reason: str | None = None, sync: bool = True) -> None:
     """The bench's results so far; `complete` False (with the reason) while or because the sweep stopped early."""
     doc = {"complete": complete, **({"reason": reason} if reason else {}), "env": env, "results": results}
-    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=sync)
 
 
 def mark_incomplete(path: str | Path, reason: str) -> None:
@@ -53,12 +56,12 @@ def mark_incomplete(path: str | Path, reason: str) -> None:
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
-def write_csv(path: str | Path, results: list[dict]) -> None:
+def write_csv(path: str | Path, results: list[dict], *, sync: bool = True) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(results)
-    write_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue(), sync=sync)
 
 
 def dump_folder(args) -> str | None:

@@ -1,0 +1,212 @@
+"""Jobs that fail well: a stalled, stopped, killed or desynchronised rank, under commprof's launcher and
+under a bare mpiexec, ends the job within --timeout with one line, the exit code of its kind (3 a peer,
+4 a desync, 130 interrupted), every result measured before kept and marked incomplete, the flight records
+dumped, the trace merged and no process left behind. Faults are injected with COMMPROF_FAULT
+(commprof/comm/faults.py); a real SIGSTOP and a real SIGINT are sent where the test can."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from commprof import job
+from commprof.comm import faults, flight
+from commprof.errors import UsageError
+from spawn import commprof, env_for_tests, kill_session, processes, spawn
+
+SMALL = ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--timeout", "3"]
+
+
+def one_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commprof: error: "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return lines[0][len("commprof: error: "):]
+
+
+def fault_env(spec: str, **extra) -> dict:
+    return env_for_tests(COMMPROF_FAULT=spec, **extra)
+
+
+# ---- in-process: the pieces ------------------------------------------------------------------------
+def test_fault_specs_parse_and_bad_ones_are_named():
+    got = faults.parse("stall:rank=1:seq=5, die:rank=0:op=all_gather:signal=TERM,desync:rank=2:at=start")
+    assert got == [faults.Fault("stall", rank=1, seq=5), faults.Fault("die", rank=0, op="all_gather", signal="TERM"),
+                   faults.Fault("desync", rank=2, at="start")]
+    for bad, words in (("melt:rank=1", "unknown fault 'melt'"), ("stall:rank=x", "rank='x'"),
+                       ("stall:when=3", "unknown field 'when'"), ("die:signal=NOPE", "unknown signal 'NOPE'"),
+                       ("stall:seq=0", "seq=0"), ("stall:at=end", "at='end'")):
+        with pytest.raises(UsageError, match=words):
+            faults.parse(bad)
+
+
+def snap(rank, ring, busy=None, groups=None):
+    groups = groups or {"world": [0, 1]}
+    seqs = {}
+    for label, seq, *_ in ring:
+        seqs[label] = max(seqs.get(label, 0), seq)
+    return {"rank": rank, "busy": busy, "groups": groups, "seqs": seqs, "ring": ring}
+
+
+def test_first_divergence_names_the_earliest_differing_call():
+    same = [["world", 1, "all_reduce", 8, "float32"], ["world", 2, "all_reduce", 4096, "float32"]]
+    assert flight.first_divergence({0: snap(0, same), 1: snap(1, same)}) is None
+    other = same[:1] + [["world", 2, "all_gather", 8192, "float32"]]
+    line = flight.first_divergence({0: snap(0, same, "all_reduce (world)"), 1: snap(1, other, "all_gather (world)")})
+    assert line == ("desync at all_reduce seq 2 (world): rank 0 called all_reduce 4 KiB float32, "
+                    "rank 1 called all_gather 8 KiB float32")
+    # one rank issued one more: a desync when the other is blocked elsewhere, a stall when it is idle
+    short = same[:1]
+    line = flight.first_divergence({0: snap(0, same, "all_reduce (world)"), 1: snap(1, short, "barrier (world)")})
+    assert line and line.startswith("desync at all_reduce seq 2 (world): rank 0 called all_reduce 4 KiB float32, "
+                                    "rank 1 called nothing at this seq")
+    assert flight.first_divergence({0: snap(0, same, "all_reduce (world)"), 1: snap(1, short)}) is None
+    # point-to-point never counts; a ring that lost its oldest ops is compared where both hold them
+    p2p = [["pp", 0, "send", 64, "float32"]] + same
+    assert flight.first_divergence({0: snap(0, p2p), 1: snap(1, same[1:])}) is None
+
+
+def test_the_first_claim_of_a_job_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv(job.ENV, str(tmp_path))
+    assert job.claim(3, "rank 1 was killed by SIGKILL", None)
+    assert not job.claim(1, "rank 0: all_reduce failed", 0)
+    assert job.failure(tmp_path) == {"code": 3, "message": "rank 1 was killed by SIGKILL", "rank": None}
+
+
+# ---- whole jobs ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_stalled_rank_is_named_results_kept_and_flight_records_dumped(tmp_path, backend):
+    out = tmp_path / "r.json"
+    proc = commprof("bench", "all_reduce", "broadcast", "--backend", backend, "--nproc", "2", *SMALL,
+                    "--json", str(out), env=fault_env("stall:rank=1:op=broadcast"), timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    line = one_line(proc)
+    # rank 0 waits in its broadcast, or past it (an eager send returns) in the next barrier
+    assert re.fullmatch(r"rank 0: (broadcast|control_barrier) did not complete within 3 s \(--timeout\): "
+                        r"a peer rank stalled or died; rank 1 was in no op", line), line
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == line
+    modes = 2 if backend == "mpi" else 1  # torch.distributed has no out-of-place all_reduce
+    assert {r["collective"] for r in doc["results"]} == {"all_reduce"} and len(doc["results"]) == 2 * modes
+    records = {r: json.loads((tmp_path / f"rank{r}.flight.json").read_text()) for r in (0, 1)}
+    assert records[0]["busy"].endswith("(world)") and records[1]["busy"] is None
+    assert records[1]["ring"][-1][2] == "all_reduce"  # it stalled before its first broadcast
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_desync_is_named_at_its_first_divergence(tmp_path, backend):
+    dump = tmp_path / "dump"
+    proc = commprof("bench", "all_reduce", "--backend", backend, "--nproc", "2", *SMALL, "--debug-dump", str(dump),
+                    env=fault_env("desync:rank=1:seq=3"), timeout=120)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert one_line(proc) == ("desync at all_reduce seq 3 (world): rank 0 called all_reduce 8 B float32, "
+                              "rank 1 called broadcast 8 B float32")
+    for r in (0, 1):
+        record = json.loads((dump / f"rank{r}.flight.json").read_text())
+        assert record["rank"] == r and record["seqs"]["world"] == 3
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_killed_rank_is_named_and_what_was_measured_is_kept(tmp_path, backend):
+    out = tmp_path / "r.json"
+    proc = commprof("bench", "all_reduce", "broadcast", "--backend", backend, "--nproc", "2", *SMALL,
+                    "--json", str(out), env=fault_env("die:rank=1:op=broadcast:seq=4"), timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert one_line(proc) == "rank 1 was killed by SIGKILL"
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "rank 1 was killed by SIGKILL"
+    modes = 2 if backend == "mpi" else 1
+    assert [r["collective"] for r in doc["results"]].count("all_reduce") == 2 * modes
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend):
+    tag = uuid.uuid4().hex
+    env = env_for_tests(COMMPROF_TEST_TAG=tag)
+    command = [sys.executable, "-m", "commprof", "bench", "all_reduce", "--backend", backend, "--nproc", "2",
+               *SMALL[:-1], "5"]
+    start = time.monotonic()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stopped = None
+        while stopped is None and time.monotonic() - start < 60:
+            for pid, penv in processes("COMMPROF_TEST_TAG", tag).items():
+                if penv.get("PMI_RANK", penv.get("RANK")) == "1" and "COMMPROF_JOB_DIR" in penv:
+                    os.kill(pid, signal.SIGSTOP)  # still importing: before MPI_Init / the rendezvous
+                    stopped = pid
+                    break
+            time.sleep(0.01)
+        assert stopped is not None
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 3, err[-3000:]
+    line = one_line(subprocess.CompletedProcess(command, 3, "", err))
+    assert line.startswith("rank 0: rank 1 did not start within 5 s (--timeout) of this one"), line
+    assert not processes("COMMPROF_TEST_TAG", tag)  # the stopped rank too
+
+
+def test_rank_stopped_after_the_sweep_began_is_named():
+    proc = commprof("bench", "all_reduce", "--backend", "mpi", "--nproc", "2", *SMALL,
+                    env=fault_env("stop:rank=1:seq=10"), timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert one_line(proc) == ("rank 0: all_reduce did not complete within 3 s (--timeout): a peer rank stalled "
+                              "or died; rank 1 did not answer on the control plane")
+
+
+def test_run_killed_mid_way_keeps_its_iterations_and_a_trace_that_merges(tmp_path):
+    out, traces = tmp_path / "run.json", tmp_path / "trace"
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "12", "--warmup", "1",
+                    "--eval-samples", "0", "--timeout", "5", "--json", str(out), "--trace", str(traces),
+                    env=fault_env("die:rank=1:op=all_reduce:seq=8"), timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert one_line(proc) == "rank 1 was killed by SIGKILL"
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "rank 1 was killed by SIGKILL"
+    steps = [it["step"] for it in doc["iterations"]["0"]]
+    assert steps and steps == list(range(1, 1 + len(steps)))
+    merged = json.loads((traces / "trace.json").read_text())["traceEvents"]
+    # the killed rank's file holds what it had flushed (it loses at most trace.FLUSH_NS of ranges)
+    assert {e["pid"] for e in merged} == {0, 1} and any(e["pid"] == 0 and e["ph"] == "X" for e in merged)
+
+
+def test_ctrl_c_of_the_launcher_ends_the_ranks_with_valid_files(tmp_path):
+    tag = uuid.uuid4().hex
+    out = tmp_path / "r.json"
+    command = [sys.executable, "-m", "commprof", "bench", "--backend", "gloo", "--nproc", "2", "-b", "8",
+               "-e", "1M", "-n", "200", "--json", str(out)]
+    proc = subprocess.Popen(command, env=env_for_tests(COMMPROF_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists() and time.monotonic() < deadline:  # the first collective is measured
+            time.sleep(0.05)
+        assert out.exists()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 130, err[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "interrupted" and doc["results"]
+    time.sleep(1)
+    assert not processes("COMMPROF_TEST_TAG", tag)
+
+
+@pytest.mark.parametrize("spec,code,words", [
+    ("stall:rank=1:seq=4", 3, "rank 0: all_reduce did not complete within 3 s (--timeout)"),
+    ("desync:rank=0:seq=2", 4, "desync at broadcast seq 2 (world): rank 0 called broadcast 8 B float32, "
+                               "rank 1 called all_reduce 8 B float32"),
+])
+def test_under_a_bare_mpiexec_the_exit_code_is_the_failures(spec, code, words):
+    proc = spawn([sys.executable, "-m", "commprof", "bench", "all_reduce", "--backend", "mpi", *SMALL],
+                 nproc=2, backend="mpi", env=fault_env(spec), timeout=120)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert words in one_line(proc)

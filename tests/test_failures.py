@@ -18,6 +18,7 @@ import pytest
 from commprof import job
 from commprof.comm import faults, flight
 from commprof.errors import UsageError
+from invariants import check_iteration
 from spawn import commprof, env_for_tests, kill_session, processes, spawn
 
 SMALL = ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--timeout", "3"]
@@ -170,6 +171,8 @@ def test_run_killed_mid_way_keeps_its_iterations_and_a_trace_that_merges(tmp_pat
     assert one_line(proc) == "rank 1 was killed by SIGKILL"
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["reason"] == "rank 1 was killed by SIGKILL"
+    for it in doc["iterations"]["0"]:
+        check_iteration(it)
     steps = [it["step"] for it in doc["iterations"]["0"]]
     assert steps and steps == list(range(1, 1 + len(steps)))
     merged = json.loads((traces / "trace.json").read_text())["traceEvents"]

@@ -11,6 +11,7 @@ import pytest
 from commprof.errors import UsageError
 from commprof.strategies.partition import balanced_starts, describe, explicit_starts
 from commprof.strategies.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
+from invariants import check_run
 from spawn import commprof, spawn
 from test_strategies import run_worker
 
@@ -118,6 +119,7 @@ def test_run_reports_bubble_and_boundaries(tmp_path):
                     "--micro-batches", "4", "--batch-size", "8", "--eval-samples", "64", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
+    check_run(doc)
     assert "bubble ms" in proc.stdout and "pp 0→1" in proc.stdout
     assert all("bubble_ms" in it and it["bubble_ms"] >= 0 for it in doc["iterations"])
     pipe = doc["pipeline"]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from invariants import check_run
 from spawn import commprof, env_for_tests
 from test_data import write_idx
 
@@ -17,7 +18,9 @@ def run_json(tmp_path, *args, name="out.json"):
     out = tmp_path / name
     proc = commprof("run", *args, "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text()), proc
+    doc = json.loads(out.read_text())
+    check_run(doc)
+    return doc, proc
 
 
 def test_ddp_json_has_every_figure_per_rank_per_iteration(tmp_path):

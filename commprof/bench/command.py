@@ -165,33 +165,35 @@ def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
     over = world.local_world_size > have
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=dump_folder(args)) as watchdog:
-        pieces = comm.gather_object(local_env(comm.device), dst=0)
-        env = None if pieces is None else merge_env(
-            pieces, backend=cfg.backend, world_size=comm.world_size, local_world_size=world.local_world_size,
-            slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
-            argv=["commprof", *args.argv])
-        the_plan = plan(cfg, comm.world_size)
-        tracer = trace.start(comm, args.trace) if args.trace else None
-        if tracer is not None:
-            watchdog.on_failure(lambda code, message: trace.abandon(tracer))
-        ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-        if world.rank == 0:
-            sink = _Sink(cfg, env, args, the_plan)
-            watchdog.on_failure(sink.abandon)
-            sweep(comm, cfg, the_plan, sink.add)
-            sink.close()
-            wrong = sink.wrong
-        else:
-            sweep(comm, cfg, the_plan, lambda *_: None)
-            wrong = 0
-        ANNOTATOR.pop()
-        wrong = comm.broadcast_object(wrong, src=0)
-        if tracer is not None:
-            merged = trace.finish(comm, tracer, args.trace)
-            if merged is not None:
-                Console(stderr=True).print(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev")
-    comm.close()
+    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
+        with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=dump_folder(args)) as watchdog:
+            pieces = comm.gather_object(local_env(comm.device), dst=0)
+            env = None if pieces is None else merge_env(
+                pieces, backend=cfg.backend, world_size=comm.world_size, local_world_size=world.local_world_size,
+                slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
+                argv=["commprof", *args.argv])
+            the_plan = plan(cfg, comm.world_size)
+            tracer = trace.start(comm, args.trace) if args.trace else None
+            if tracer is not None:
+                watchdog.on_failure(lambda code, message: trace.abandon(tracer))
+            ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
+            if world.rank == 0:
+                sink = _Sink(cfg, env, args, the_plan)
+                watchdog.on_failure(sink.abandon)
+                sweep(comm, cfg, the_plan, sink.add)
+                sink.close()
+                wrong = sink.wrong
+            else:
+                sweep(comm, cfg, the_plan, lambda *_: None)
+                wrong = 0
+            ANNOTATOR.pop()
+            wrong = comm.broadcast_object(wrong, src=0)
+            if tracer is not None:
+                merged = trace.finish(comm, tracer, args.trace)
+                if merged is not None:
+                    Console(stderr=True).print(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev")
+    finally:
+        comm.close()
     if wrong:
         if world.rank == 0:
             sys.stderr.write(f"commprof: error: {wrong} wrong value(s) in the results (#wrong column)\n")

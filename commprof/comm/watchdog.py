@@ -70,8 +70,10 @@ class Watchdog:
             return False
         if isinstance(exc, CommprofError):
             self.fail(exc)  # does not return
-        if isinstance(exc, KeyboardInterrupt):
-            self._run_salvage(130, "interrupted")
+        # Ctrl-C, or a bug: save what was measured and let the exception go on, this thread ended first
+        self._thread.join()
+        self._run_salvage(130 if isinstance(exc, KeyboardInterrupt) else 1,
+                          "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}")
         return False
 
     # ---- the watching thread ----------------------------------------------------------------------

@@ -196,25 +196,27 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
         _trace_done(None, tracer, args)
         return _report(cfg, args, [result], local_env(device), world, over)
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=files.dump_folder(args)) as watchdog:
-        env_piece = local_env(comm.device)
-        tracer = trace.start(comm, args.trace) if args.trace else None
-        if tracer is not None:
-            watchdog.on_failure(lambda code, message: trace.abandon(tracer))
-        partial = _Partial(cfg.json, world.rank, world.world_size) if cfg.json and world.rank == 0 else None
-        if partial is not None:
-            watchdog.on_failure(partial.abandon)
-        result = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
-                       on_step=partial.update if partial is not None else None)
-        _trace_done(comm, tracer, args)
-        state = result.pop("state")
-        gathered = comm.gather_object((result, env_piece), dst=0)
-    code = 0
-    if world.rank == 0:
-        results = [r for r, _ in gathered]
-        results[0]["state"] = state
-        code = _report(cfg, args, results, [e for _, e in gathered], world, over)
-    comm.close()
+    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
+        with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=files.dump_folder(args)) as watchdog:
+            env_piece = local_env(comm.device)
+            tracer = trace.start(comm, args.trace) if args.trace else None
+            if tracer is not None:
+                watchdog.on_failure(lambda code, message: trace.abandon(tracer))
+            partial = _Partial(cfg.json, world.rank, world.world_size) if cfg.json and world.rank == 0 else None
+            if partial is not None:
+                watchdog.on_failure(partial.abandon)
+            result = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
+                           on_step=partial.update if partial is not None else None)
+            _trace_done(comm, tracer, args)
+            state = result.pop("state")
+            gathered = comm.gather_object((result, env_piece), dst=0)
+        code = 0
+        if world.rank == 0:
+            results = [r for r, _ in gathered]
+            results[0]["state"] = state
+            code = _report(cfg, args, results, [e for _, e in gathered], world, over)
+    finally:
+        comm.close()
     return code
 
 

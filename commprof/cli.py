@@ -20,8 +20,16 @@ from commprof.errors import CommprofError, UnsupportedError, UsageError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse prints usage + message; keep it to one line
-        sys.stderr.write(f"commprof: error: {message}\n")
+        sys.stderr.write(f"commprof: error: {_one_line(message)}\n")
         sys.exit(2)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            # Python < 3.13 stores [] for a flag given "--" as its value (--model=--), where a str belongs.
+            if action.option_strings and action.nargs is None and getattr(namespace, action.dest, None) == []:
+                self.error(f"argument {'/'.join(action.option_strings)}: expected one argument")
+        return namespace, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,10 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv
+    return call(args.func, args)
+
+
+def call(func, args: argparse.Namespace) -> int:
+    """`func(args)`'s exit code, with every failure turned into one line on stderr and its exit code."""
     rank = os.environ.get("RANK") or os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
     who = f"rank {rank}: " if rank is not None else ""
     try:
-        code = args.func(args)
+        code = func(args)
     except (UsageError, UnsupportedError) as exc:
         _say(f"{exc}", rank)  # the same on every rank: rank 0 says it
         code = exc.exit_code
@@ -79,8 +92,17 @@ def _fail(code: int, message: str, rank: str | None) -> None:
 
 def _say(message: str, rank: str | None) -> None:
     if rank in (None, "0"):
-        sys.stderr.write(f"commprof: error: {message}\n")
+        sys.stderr.write(f"commprof: error: {_one_line(message)}\n")
         sys.stderr.flush()
+
+
+# What str.splitlines() breaks a line at, escaped: argparse puts arguments unquoted into its messages
+# ("unrecognized arguments: …", "ambiguous option: …"), and a message must stay on its one line.
+_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def _one_line(message: str) -> str:
+    return message.translate(_BREAKS)
 
 
 def _exit_now(code: int) -> None:

@@ -6,7 +6,7 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     mpiexec -n 2 commprof bench --backend mpi all_gather -d all
     commprof bench all_reduce --algo library,ring,rabenseifner -e 64M   # hand-written vs the library's
 
-Exercised by: `pytest tests/test_bench_cli.py`.
+Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commprof import kernels, launch
+from commprof import flags, kernels, launch
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.bench.runner import MODES, plan, sweep
@@ -104,19 +104,19 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
-    for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0)):
-        if value < low:
-            raise UsageError(f"{flag} {value} must be at least {low}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout:g} must be positive")
+    for flag, value, low in (("--nproc", args.nproc, 1), ("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
+                             ("--root", args.root, 0)):
+        flags.at_least(flag, value, low)
+    flags.finite("-f", args.stepfactor)
+    flags.timeout(args.timeout)
     if world_size is not None and not 0 <= args.root < world_size:
         raise UsageError(f"--root {args.root} is outside 0..{world_size - 1}")
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
         dtypes=tuple(dtype_name(d) for d in parse_dtypes(args.datatype)),
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
-        min_bytes=parse_size(args.minbytes), max_bytes=parse_size(args.maxbytes),
-        step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes), iters=args.iters,
+        min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
+        step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
         timeout_s=args.timeout)
     cfg.sizes()  # raises on -b > -e and a factor that never grows
@@ -142,13 +142,17 @@ def _require_supported(cfg: BenchConfig) -> None:
                     raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
 
 
+def configure(args: argparse.Namespace) -> tuple[BenchConfig, int]:
+    """The config and the number of local ranks to start (--nproc, or one per core or GPU), as checked
+    before any rank starts; raises UsageError, changes nothing."""
+    cfg = build_config(args, args.nproc)
+    return cfg, args.nproc if args.nproc is not None else max(1, slots(cfg.backend))
+
+
 def main(args: argparse.Namespace) -> int:
     world = discover()
     if not world.launched:
-        cfg = build_config(args, args.nproc)
-        nproc = args.nproc if args.nproc is not None else max(1, slots(cfg.backend))
-        if nproc < 1:
-            raise UsageError(f"--nproc {nproc} must be at least 1")
+        cfg, nproc = configure(args)
         if nproc > 1 or cfg.backend == "mpi":
             over = nproc > slots(cfg.backend)
             return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,

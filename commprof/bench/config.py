@@ -1,6 +1,6 @@
 """What one `commprof bench` run measures: a frozen config the CLI builds and validates.
 
-Exercised by: `pytest tests/test_bench_cli.py`.
+Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations
@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
+
+MAX_SIZES = 10_000
+"""Most sizes one sweep may have: every rank plans a row per size, collective, dtype and op before
+measuring, and `-i 1 -e 1T` would otherwise fill the memory before anything runs."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,24 @@ class BenchConfig:
         """The requested byte sizes, before per-collective rounding."""
         if self.min_bytes > self.max_bytes:
             raise UsageError(f"-b {self.min_bytes} is larger than -e {self.max_bytes}")
-        if self.step_bytes <= 0 and self.step_factor <= 1 and self.min_bytes != self.max_bytes:
+        # `not >` so that nan fails too.
+        if self.step_bytes <= 0 and not self.step_factor > 1 and self.min_bytes != self.max_bytes:
             raise UsageError(f"-f {self.step_factor:g} must be greater than 1 (or give -i)")
         out, size = [], self.min_bytes
         while size <= self.max_bytes:
+            if len(out) == MAX_SIZES:
+                step = f"-i {self.step_bytes}" if self.step_bytes > 0 else f"-f {self.step_factor:g}"
+                raise UsageError(f"{step} makes more than {MAX_SIZES} sizes from -b {self.min_bytes} "
+                                 f"to -e {self.max_bytes}: use a larger step")
             out.append(size)
-            nxt = size + self.step_bytes if self.step_bytes > 0 else int(size * self.step_factor)
-            if nxt <= size:
+            if self.step_bytes > 0:
+                size += self.step_bytes
+                continue
+            grown = size * self.step_factor  # a float: compared before int(), which fails on inf
+            if grown > self.max_bytes or size == self.max_bytes:
                 break
-            size = nxt
+            if int(grown) <= size:  # 1 × 1.5 is still 1: the sweep would stop short of -e
+                raise UsageError(f"-f {self.step_factor:g} does not grow size {size} (-b {self.min_bytes}) "
+                                 f"toward -e {self.max_bytes}: use a larger -f or -b, or give -i")
+            size = int(grown)
         return out

@@ -33,7 +33,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def parse_dtypes(spec: str) -> list[torch.dtype]:
-    """'float32,int8' or 'all' -> torch dtypes, in the order given."""
+    """'float32,int8' or 'all' -> torch dtypes, in the order given, each once (float,float32 is one)."""
     if spec == "all":
         return list(DTYPES.values())
     out = []
@@ -42,15 +42,15 @@ def parse_dtypes(spec: str) -> list[torch.dtype]:
         if name not in DTYPES:
             raise UsageError(f"unknown dtype {raw!r}: choose from {', '.join(DTYPES)} or all")
         out.append(DTYPES[name])
-    return out
+    return list(dict.fromkeys(out))
 
 
 def parse_ops(spec: str) -> list[str]:
-    """'sum,max' or 'all' -> reduce op names."""
+    """'sum,max' or 'all' -> reduce op names, in the order given, each once."""
     if spec == "all":
         return list(REDUCE_OPS)
     ops = [op.strip() for op in spec.split(",")]
     for op in ops:
         if op not in REDUCE_OPS:
             raise UsageError(f"unknown reduce op {op!r}: choose from {', '.join(REDUCE_OPS)} or all")
-    return ops
+    return list(dict.fromkeys(ops))

@@ -1,23 +1,34 @@
 """Byte sizes in and out: '64K' -> 65536 for the CLI, 65536 -> '64 KiB' for labels.
 
-K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/test_units.py`.
+K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/test_units_stats.py` and
+`pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from commprof.errors import UsageError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
+MAX_SIZE = (1 << 63) - 1
+"""The largest size a buffer can have: element counts are int64 in torch and in MPI's large-count calls."""
 
-def parse_size(text: str) -> int:
-    """'8', '64K', '16M', '1G', '1.5M', '64KiB' -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+
+def parse_size(text: str, flag: str | None = None) -> int:
+    """'8', '64K', '16M', '1G', '1.5M', '64KiB' -> bytes; `flag` (-b, …) is named in the error."""
+    of = f" of {flag}" if flag else ""
+    # ASCII: under IGNORECASE a Unicode pattern's K also matches the Kelvin sign, and \d any script's digits.
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE | re.ASCII)
     if not match:
-        raise UsageError(f"cannot read size {text!r}: use a number of bytes with an optional K, M or G suffix")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        raise UsageError(f"cannot read size {text!r}{of}: use a number of bytes with an optional K, M or G suffix")
+    # Decimal, not float: a float turns a long digit string into inf and rounds past 2**53.
+    size = Decimal(match.group(1)) * _UNITS[match.group(2).upper()]
+    if size > MAX_SIZE:
+        raise UsageError(f"size {text!r}{of} is over {MAX_SIZE} bytes")
+    return int(size)
 
 
 def format_bytes(n: int) -> str:

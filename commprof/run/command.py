@@ -6,7 +6,7 @@ how many bytes cross ranks.
     commprof run --strategy single --model mnist-cnn --batch-size 128 --save-state single.pt
     commprof run --list-models
 
-Exercised by: `pytest tests/test_run_cli.py`.
+Exercised by: `pytest tests/test_run_cli.py` and `pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 from rich.console import Console
 
-from commprof import launch
+from commprof import flags, launch
 from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots
 from commprof.comm.watchdog import Watchdog
 from commprof.profile import trace
@@ -27,6 +27,7 @@ from commprof.errors import UsageError
 from commprof.models import MODELS, list_models
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
+from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
 from commprof.run.results import combine
@@ -104,9 +105,16 @@ def build_config(args, world_size: int | None) -> RunConfig:
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--warmup", args.warmup, 0),
                              ("--grad-accum", args.grad_accum, 1), ("--steps", args.steps, 1),
                              ("--epochs", args.epochs, 1), ("--eval-samples", args.eval_samples, 0),
-                             ("--seq-len", args.seq_len, 2), ("--samples", args.samples, 1)):
-        if value is not None and value < low:
-            raise UsageError(f"{flag} {value} must be at least {low}")
+                             ("--seq-len", args.seq_len, 2), ("--samples", args.samples, 1),
+                             ("--num-classes", args.num_classes, 1), ("--image-size", args.image_size, 1),
+                             ("--channels", args.in_channels, 1), ("--nproc", args.nproc, 1)):
+        flags.at_least(flag, value, low)
+    if not -(1 << 63) <= args.seed < 1 << 64:  # what torch.manual_seed takes
+        raise UsageError(f"--seed {args.seed} does not fit in 64 bits")
+    for flag, value in (("--lr", args.lr), ("--bucket-mb", args.bucket_mb), ("--loss-threshold", args.loss_threshold)):
+        flags.finite(flag, value)
+    if args.lr < 0:  # torch's optimizers refuse it, inside every rank
+        raise UsageError(f"--lr {args.lr:g} must not be negative")
     if args.steps is not None and args.epochs is not None:
         raise UsageError("give --steps or --epochs, not both")
     if args.batch_size % args.grad_accum:
@@ -118,8 +126,7 @@ def build_config(args, world_size: int | None) -> RunConfig:
             raise UsageError(f"{flag} does not apply to strategy {args.strategy}")
     for flag, value in (("--stages", args.pp), ("--tp", args.tp), ("--dp", args.dp),
                         ("--micro-batches", args.micro_batches)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value} must be at least 1")
+        flags.at_least(flag, value, 1)
     if parallel == "pp" and args.batch_size % args.micro_batches:
         raise UsageError(f"--batch-size {args.batch_size} is not divisible by --micro-batches {args.micro_batches}")
     cuts = _cuts(args.cuts)
@@ -128,8 +135,9 @@ def build_config(args, world_size: int | None) -> RunConfig:
                 flag="--stages" if parallel == "pp" else "--tp")
     if args.bucket_mb is not None and args.bucket_mb <= 0:
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout:g} must be positive")
+    if args.bucket_mb is not None and args.bucket_mb * 2 ** 20 > MAX_SIZE:  # ddp takes int(MiB × 2**20)
+        raise UsageError(f"--bucket-mb {args.bucket_mb:g} is over {MAX_SIZE >> 20} MiB")
+    flags.timeout(args.timeout)
     if world_size is not None:
         if args.strategy == "single" and world_size != 1:
             raise UsageError(f"strategy single runs on one process, not {world_size}")
@@ -162,6 +170,19 @@ def _cuts(text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"--cuts {text!r} must be comma-separated layer indices, e.g. 2,5") from None
 
 
+def configure(args) -> tuple[RunConfig, int]:
+    """The config and the number of local ranks to start, as checked before any rank starts; raises
+    UsageError, changes nothing."""
+    single = args.strategy == "single"
+    cfg = build_config(args, args.nproc if args.nproc is not None else (1 if single else None))
+    nproc = args.nproc if args.nproc is not None else (1 if single else max(2, slots(cfg.backend)))
+    inner = cfg.pp if cfg.pp is not None else cfg.tp
+    if args.nproc is None and inner is not None:  # a model-parallel run sized by its degrees
+        nproc = inner * (cfg.dp or 1)
+    build_config(args, nproc)
+    return cfg, nproc
+
+
 def main(args: argparse.Namespace) -> int:
     if args.list_models:
         from commprof.report.run_table import models_table
@@ -169,13 +190,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     world = discover()
     if not world.launched:
-        single = args.strategy == "single"
-        cfg = build_config(args, args.nproc if args.nproc is not None else (1 if single else None))
-        nproc = args.nproc if args.nproc is not None else (1 if single else max(2, slots(cfg.backend)))
-        inner = cfg.pp if cfg.pp is not None else cfg.tp
-        if args.nproc is None and inner is not None:  # a model-parallel run sized by its degrees
-            nproc = inner * (cfg.dp or 1)
-        build_config(args, nproc)
+        cfg, nproc = configure(args)
         if nproc > 1 or cfg.backend == "mpi":
             over = nproc > slots(cfg.backend)
             return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,

@@ -29,12 +29,19 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-import torchvision
 from torch import nn
 
 from commprof.errors import UsageError
 from commprof.models import frozen
 from commprof.models.spec import ModelSpec
+
+
+def _torchvision_models():
+    """torchvision.models, imported when a model is built: importing torchvision brings torch._dynamo
+    (~2 s), which `commprof bench` and a launcher process never need."""
+    import torchvision.models
+
+    return torchvision.models
 
 Stages = tuple[tuple[str, nn.Module], ...]
 
@@ -93,7 +100,7 @@ def _runs(seq: nn.Sequential, names: tuple[str, ...], ends: tuple[int, ...]) -> 
 
 
 def _resnet18(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    net = _torchvision_models().resnet18(weights=None, num_classes=num_classes)
     conv1 = _rechannel(net.conv1, in_channels, _fan_out)
     stem = nn.Sequential(conv1, net.bn1, net.relu, net.maxpool)
     layers = tuple((f"layer{i}", getattr(net, f"layer{i}")) for i in range(1, 5))
@@ -103,7 +110,7 @@ def _resnet18(num_classes: int, in_channels: int) -> VisionParts:
 
 
 def _mobilenet_v2(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.mobilenet_v2(weights=None, num_classes=num_classes, dropout=0.0)
+    net = _torchvision_models().mobilenet_v2(weights=None, num_classes=num_classes, dropout=0.0)
     first = net.features[0][0]
     net.features[0][0] = _rechannel(first, in_channels, lambda c: nn.init.kaiming_normal_(c.weight, mode="fan_out"))
     # The rows of the paper's Table 2: stem conv, seven bottleneck groups, final 1×1 conv.
@@ -115,7 +122,7 @@ def _mobilenet_v2(num_classes: int, in_channels: int) -> VisionParts:
 
 
 def _vgg16(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.vgg16(weights=None, num_classes=num_classes, dropout=0.0)
+    net = _torchvision_models().vgg16(weights=None, num_classes=num_classes, dropout=0.0)
     net.features[0] = _rechannel(net.features[0], in_channels, _fan_out)
     net.features[30] = nn.Identity()  # the fifth max-pool
     stages = _runs(net.features, tuple(f"block{i}" for i in range(1, 6)), (5, 10, 17, 24, 31))
@@ -125,7 +132,7 @@ def _vgg16(num_classes: int, in_channels: int) -> VisionParts:
 
 
 def _alexnet(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.alexnet(weights=None, num_classes=num_classes, dropout=0.0)
+    net = _torchvision_models().alexnet(weights=None, num_classes=num_classes, dropout=0.0)
     net.features[0] = _rechannel(net.features[0], in_channels, None)
     net.features[0].stride = (1, 1)
     stages = _runs(net.features, tuple(f"conv{i}" for i in range(1, 6)), (3, 6, 8, 10, 13))
@@ -135,7 +142,7 @@ def _alexnet(num_classes: int, in_channels: int) -> VisionParts:
 
 
 def _densenet121(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.densenet121(weights=None, num_classes=num_classes)
+    net = _torchvision_models().densenet121(weights=None, num_classes=num_classes)
     f = net.features
     conv0 = _rechannel(f.conv0, in_channels, lambda c: nn.init.kaiming_normal_(c.weight))
     stages = [("stem", nn.Sequential(conv0, f.norm0, f.relu0))]  # pool0 dropped
@@ -151,7 +158,7 @@ def _densenet121(num_classes: int, in_channels: int) -> VisionParts:
 
 
 def _squeezenet1_0(num_classes: int, in_channels: int) -> VisionParts:
-    net = torchvision.models.squeezenet1_0(weights=None, num_classes=num_classes, dropout=0.0)
+    net = _torchvision_models().squeezenet1_0(weights=None, num_classes=num_classes, dropout=0.0)
     net.features[0] = _rechannel(net.features[0], in_channels, lambda c: nn.init.kaiming_uniform_(c.weight))
     # Named as in the paper: conv1 (+ maxpool1), fire2 … fire9; the max-pools ride with fire4 and fire8.
     names = ("conv1",) + tuple(f"fire{i}" for i in range(2, 10))

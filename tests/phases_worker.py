@@ -1,5 +1,6 @@
 """One rank of the calibrated phase-recorder test: a compute phase of known length and a comm op whose
-completion is known, because rank 1 joins it a known time after rank 0 starts.
+completion is known, because rank 1 joins it a known time after rank 0 starts (and says when it did:
+a loaded machine oversleeps, so the truth is the measured join, not the requested one).
 
 Rank 0 prints one JSON line per case: the truth and what Phases reported. Started by
 tests/test_phases.py as 2 real gloo processes.
@@ -35,9 +36,12 @@ def main() -> None:
         for repeat in range(5):
             buf = torch.ones(1024)
             comm.control_barrier()
+            began = time.perf_counter_ns()  # both ranks share CLOCK_MONOTONIC: comparable stamps
             if comm.rank == 1:
                 time.sleep(join_ms / 1e3)
+                joined = time.perf_counter_ns()  # a loaded machine oversleeps: the truth is when it joined
                 comm.all_reduce(buf)
+                comm.gather_object(joined, dst=0)
                 continue
             phases.begin(repeat)
             if async_op:
@@ -50,8 +54,10 @@ def main() -> None:
                     spin(compute_ms)
                 comm.all_reduce(buf)
             split = phases.end()
+            joined = comm.gather_object(None, dst=0)[1]
             assert torch.equal(buf, torch.full((1024,), 2.0))
-            print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms, "join_ms": join_ms,
+            print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms,
+                              "join_ms": (joined - began) / MS,
                               **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()
                                  if isinstance(v, int)}}), flush=True)
     comm.control_barrier()

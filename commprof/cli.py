@@ -74,7 +74,6 @@ def call(func, args: argparse.Namespace) -> int:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         _fail(1, f"{who}{type(exc).__name__}: {first[:300]}", rank)
-    job.leave(_int(rank), code)
     return code
 
 
@@ -86,7 +85,6 @@ def _fail(code: int, message: str, rank: str | None) -> None:
     """A rank's own failure: said if it is the job's first, then exit at once."""
     if job.claim(code, message, _int(rank)):
         _say(message, None)
-    job.leave(_int(rank), code)
     _exit_now(code)
 
 

@@ -3,7 +3,6 @@
 The launcher makes a private folder and names it in COMMPROF_JOB_DIR. In it:
   rank<r>.pid     each rank's pid, written when it starts (the launcher stops every one of them at the end,
                   even one that mpiexec lost track of, e.g. a stopped process)
-  rank<r>.exit    the code a rank exited with, written as it leaves
   failure.json    the job's failure — exit code, one line, who saw it — created once, by whoever saw a
                   failure first (a rank, or the launcher when a rank was killed by a signal): the job exits
                   with that code whatever mpiexec makes of its ranks' ends, and only that one line is said
@@ -77,32 +76,10 @@ def check_in(rank: int, world_size: int, *, timeout_s: float, poll_s: float = 0.
         time.sleep(poll_s)
 
 
-def leave(rank: int | None, code: int) -> None:
-    """Note the code this rank exits with."""
-    where = folder()
-    if where is None or rank is None:
-        return
-    try:
-        (where / f"rank{rank}.exit").write_text(str(code))
-    except OSError:
-        pass
-
-
 def pids(where: Path) -> dict[int, int]:
     """rank -> pid of every rank that checked in."""
     out = {}
     for path in where.glob("rank*.pid"):
-        try:
-            out[int(path.stem[4:])] = int(path.read_text())
-        except ValueError:
-            continue
-    return out
-
-
-def exits(where: Path) -> dict[int, int]:
-    """rank -> exit code of every rank that left through commprof's own exit."""
-    out = {}
-    for path in where.glob("rank*.exit"):
         try:
             out[int(path.stem[4:])] = int(path.read_text())
         except ValueError:

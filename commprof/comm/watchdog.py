@@ -170,7 +170,6 @@ class Watchdog:
             sys.stderr.flush()
 
     def _exit(self, code: int) -> None:
-        job.leave(self._rank, code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -117,34 +117,33 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
     return code
 
 
-_BANNER = re.compile(r"^(=+|=\s.*|YOUR APPLICATION TERMINATED.*|This typically refers to a problem.*|"
-                     r"Please see the FAQ page.*|\s*)$")
-
-
 def _relay(stream, banners: list) -> None:
     """Copy mpiexec's stdout through, leaving out Hydra's "BAD TERMINATION" banner and noting its pid and
     exit status: the launcher says what happened in one line of its own."""
-    held: list[bytes] = []
-    pid = None
     out = sys.stdout.buffer
+    held: list[bytes] = []  # blank and "====" lines: the start of a banner, or not
+    in_banner, pid = False, None
     for raw in iter(stream.readline, b""):
         text = raw.decode(errors="replace").rstrip("\n")
-        if held or "BAD TERMINATION" in text:
-            if _BANNER.match(text) or "BAD TERMINATION" in text or held and text.startswith("="):
-                held.append(raw)
-                found = re.match(r"=\s+PID (\d+) RUNNING", text)
-                pid = int(found.group(1)) if found else pid
-                status = re.match(r"=\s+EXIT CODE: (\d+)", text)
-                if status and pid is not None:
-                    banners.append((pid, int(status.group(1))))
-                if text.startswith("Please see the FAQ page"):
-                    held, pid = [], None
-                continue
-            for line in held:  # not a banner after all
-                out.write(line)
-            held = []
-        out.write(raw)
+        if in_banner:
+            found = re.match(r"=\s+PID (\d+) RUNNING", text)
+            pid = int(found.group(1)) if found else pid
+            status = re.match(r"=\s+EXIT CODE: (\d+)", text)
+            if status and pid is not None:
+                banners.append((pid, int(status.group(1))))
+            in_banner = not text.startswith("Please see the FAQ page")
+            continue
+        if "BAD TERMINATION" in text:
+            in_banner, held, pid = True, [], None
+            continue
+        if not text.strip() or re.fullmatch(r"=+", text):
+            held.append(raw)
+            continue
+        out.write(b"".join(held) + raw)
         out.flush()
+        held = []
+    out.write(b"".join(held))
+    out.flush()
     stream.close()
 
 

@@ -120,6 +120,7 @@ def test_killed_rank_is_named_and_what_was_measured_is_kept(tmp_path, backend):
                     "--json", str(out), env=fault_env("die:rank=1:op=broadcast:seq=4"), timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert one_line(proc) == "rank 1 was killed by SIGKILL"
+    assert "BAD TERMINATION" not in proc.stdout and "=====" not in proc.stdout  # Hydra's banner left out
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["reason"] == "rank 1 was killed by SIGKILL"
     modes = 2 if backend == "mpi" else 1

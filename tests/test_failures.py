@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +203,16 @@ def test_ctrl_c_of_the_launcher_ends_the_ranks_with_valid_files(tmp_path):
     assert doc["complete"] is False and doc["reason"] == "interrupted" and doc["results"]
     time.sleep(1)
     assert not processes("COMMPROF_TEST_TAG", tag)
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_ranks_end_with_no_thread_of_their_own_left(backend):
+    wrapper = f"{sys.executable} {Path(__file__).with_name('exit_threads.py')}"
+    proc = commprof("bench", "all_reduce", "--backend", backend, "--nproc", "2", *SMALL,
+                    env=env_for_tests(COMMPROF_RANK_WRAPPER=wrapper), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if "threads at exit" in line) == [
+        "rank 0 threads at exit: []", "rank 1 threads at exit: []"]
 
 
 @pytest.mark.parametrize("spec,code,words", [

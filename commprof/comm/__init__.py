@@ -83,7 +83,7 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
         comm = _init_mpi(world, oversubscribed)
         comm.timeout_s = timeout_s
         if world.world_size > 1:
-            comm.control = _mpi_control(comm, world)
+            comm.control = _mpi_control(world)
     else:
         comm = _init_torch(world, backend, timeout_s)
     comm.fault = fault
@@ -112,7 +112,7 @@ def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
     return comm
 
 
-def _mpi_control(comm: Comm, world: World) -> ControlPlane:
+def _mpi_control(world: World) -> ControlPlane:
     """Rank 0 serves a store; the others learn where over MPI."""
     MPI = import_mpi()
     if world.rank == 0:

@@ -15,7 +15,10 @@ Per iteration (DESIGN.md's measurement model):
     overlap% = overlap / comm
 
 A blocking point-to-point op cannot tell the neighbour's lateness from the transfer itself, so bubble
-includes the (small) transfer of the activation; strategies without send/recv have no bubble.
+includes the (small) transfer of the activation; strategies without send/recv have no bubble. An async
+op waited on while still in flight completes when the wait returns, as a blocking op does (comm/base.py,
+Handle), so every blocked span lies inside its op's comm span: exposed ≤ comm, and data + compute +
+exposed + bubble ≤ wall, on every iteration (tests/invariants.py checks them).
 
 Exercised by: `pytest tests/test_phases.py`.
 """

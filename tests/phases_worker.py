@@ -11,6 +11,7 @@ tests/test_phases.py as 2 real gloo processes.
 """
 
 import json
+import sys
 import time
 
 import torch
@@ -29,6 +30,10 @@ def spin(ms: float) -> None:
 
 
 def main() -> None:
+    # gloo stamps an async op's completion in a Python callback, which waits for the GIL while `spin`
+    # holds it: up to two switch intervals (2 × 5 ms) late by default. Real compute (torch kernels)
+    # releases the GIL; a short interval gives this Python spin the same property.
+    sys.setswitchinterval(0.0002)
     comm = init_comm(discover(), backend="gloo", timeout_s=60)
     phases = Phases(comm.recorder)
     cases = {"blocking": (60, 150, False), "overlap": (150, 80, True), "partial": (60, 150, True)}

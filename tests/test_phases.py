@@ -83,6 +83,16 @@ def close(got, want, rel=0.10, abs_ms=2.0):
     return abs(got - want) <= max(rel * want, abs_ms)
 
 
+LATE_MS = 12.0
+"""How late an async op's completion may be stamped on this 2-core machine: gloo's callback needs a core
+and the GIL while rank 0 spins (seen: 1-7 ms, up to 9.8 ms before the worker shortened the switch
+interval). A blocking op is stamped by the thread it returns to: within the 10 %."""
+
+
+def hidden_until_join(c) -> bool:
+    return c["join_ms"] - 1.0 <= c["comm_ms"] <= c["join_ms"] + LATE_MS
+
+
 def test_calibrated_blocking_comm_has_no_overlap(calibrated):
     c = calibrated["blocking"]  # compute 60 ms, then a blocking op that completes when rank 1 joins
     assert close(c["compute_ms"], 60), c
@@ -94,15 +104,16 @@ def test_calibrated_blocking_comm_has_no_overlap(calibrated):
 def test_calibrated_async_comm_hidden_behind_compute(calibrated):
     c = calibrated["overlap"]  # issued at 0, joined at ~80 ms, compute 150 ms: all hidden
     assert close(c["compute_ms"], 150), c
-    assert close(c["comm_ms"], c["join_ms"]), c
-    assert close(c["overlap_ms"], c["join_ms"]), c
+    assert hidden_until_join(c), c
+    assert abs(c["overlap_ms"] - c["comm_ms"]) < 1.0, c
     assert c["exposed_comm_ms"] < 3.0, c
 
 
 def test_calibrated_async_comm_partly_exposed(calibrated):
     c = calibrated["partial"]  # issued at 0, compute 60 ms, joined at ~150 ms
     assert close(c["compute_ms"], 60), c
-    assert close(c["comm_ms"], c["join_ms"]), c
+    assert hidden_until_join(c), c
     assert close(c["overlap_ms"], 60), c
-    assert close(c["exposed_comm_ms"], c["join_ms"] - 60), c
+    # waited on while in flight: the op completes when the wait returns, so exposed = comm - compute
+    assert abs(c["exposed_comm_ms"] - (c["comm_ms"] - c["compute_ms"])) < 2.0, c
     assert c["exposed_comm_ms"] <= c["comm_ms"]

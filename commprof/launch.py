@@ -139,12 +139,18 @@ def _relay(stream, banners: list) -> None:
         if not text.strip() or re.fullmatch(r"=+", text):
             held.append(raw)
             continue
-        out.write(b"".join(held) + raw)
-        out.flush()
+        _write(out, b"".join(held) + raw)
         held = []
-    out.write(b"".join(held))
-    out.flush()
+    _write(out, b"".join(held))
     stream.close()
+
+
+def _write(out, data: bytes) -> None:
+    try:
+        out.write(data)
+        out.flush()
+    except (BrokenPipeError, ValueError):  # `commprof … | head` has read all it wanted: keep draining
+        pass
 
 
 def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[int] | None) -> int:

@@ -47,6 +47,9 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, j
            trace_dir: str | None = None) -> int:
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code."""
     signal.signal(signal.SIGTERM, _on_term)
+    # Ctrl-C (SIGINT) ends the job even where the shell started commprof with SIGINT ignored (`cmd &` in
+    # a script does): the launcher owns the job's signals, as torchrun's agent does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     env = dict(os.environ)
     # One rank per core gets one intra-op thread per core it owns, as torchrun does by default.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // nproc)))

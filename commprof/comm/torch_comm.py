@@ -25,6 +25,10 @@ _OPS = {
     "avg": dist.ReduceOp.AVG,
 }
 
+# torch after 2.11 renamed the single-tensor collectives and warns on every call of the old names.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 # torch.distributed's own API offers only these modes.
 _NO_OUT_OF_PLACE = {"all_reduce", "broadcast", "reduce"}
 _NO_IN_PLACE = {"all_to_all", "sendrecv"}
@@ -77,10 +81,10 @@ class TorchComm(Comm):
         return dist.all_reduce(tensor, op=_OPS[op], group=self._group, async_op=async_op)
 
     def _all_gather(self, output, input, async_op):
-        return dist.all_gather_into_tensor(output, input, group=self._group, async_op=async_op)
+        return _ALL_GATHER(output, input, group=self._group, async_op=async_op)
 
     def _reduce_scatter(self, output, input, op, async_op):
-        return dist.reduce_scatter_tensor(output, input, op=_OPS[op], group=self._group, async_op=async_op)
+        return _REDUCE_SCATTER(output, input, op=_OPS[op], group=self._group, async_op=async_op)
 
     def _broadcast(self, tensor, src, async_op):
         return dist.broadcast(tensor, src=self._peer(src), group=self._group, async_op=async_op)

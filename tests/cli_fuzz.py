@@ -24,7 +24,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from commprof import cli, kernels
+from commprof import cli, kernels, lifecycle
 from commprof.bench import command as bench
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import BACKENDS
@@ -264,7 +264,7 @@ def _configure(args, seen: dict) -> int:
     if args.command == "run" and args.list_models:  # run's main prints the models and returns first
         return 0
     try:
-        seen["config"], seen["nproc"] = {"bench": bench, "run": run}[args.command].configure(args)
+        seen["config"], seen["nproc"] = lifecycle.configure({"bench": bench, "run": run}[args.command].COMMAND, args)
     except CommprofError as exc:
         if isinstance(exc, (UsageError, UnsupportedError)):
             raise

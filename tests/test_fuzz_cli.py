@@ -2,7 +2,7 @@
 exit 2 and one `commprof: error:` line: never a traceback, never another code.
 
 Hypothesis draws the argv from tests/cli_fuzz.py's grammar and runs each through the parser and
-cli.call into the command's configure(), the code main runs before it launches; no process starts.
+cli.call into lifecycle.configure() with the command, the code main runs before it launches; no process starts.
 Every flag also gets every boundary value of its kind, the inputs the fuzzing found mishandled are
 kept as cases, and three rejected argv are launched for real.
 Exercised by: `pytest tests/test_fuzz_cli.py`.

@@ -14,26 +14,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commprof import flags, kernels, launch
+from commprof import flags, kernels, lifecycle
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.bench.runner import MODES, plan, sweep
-from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots, unsupported
+from commprof.comm import BACKENDS, default_backend, require_cuda, unsupported
 from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
-from commprof.comm.watchdog import Watchdog
 from commprof.errors import UsageError
-from commprof.report.files import dump_folder
-from commprof.profile import trace
+from commprof.lifecycle import Rank
 from commprof.profile.annotate import ANNOTATOR, MEASURED
 from commprof.report import files
-from commprof.report.env import local_env, merge_env
+from commprof.report.files import Outputs
 from commprof.report.table import avg_busbw, bench_table, header
 from commprof.report.units import parse_size
-from commprof.world import World, discover, usable_cores
+from commprof.world import World
 
 
 def add_parser(subparsers) -> None:
@@ -97,7 +94,7 @@ def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
     return args.collectives
 
 
-def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfig:
+def build_config(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
     algos = parse_algos(args.algo)
     names = _collectives(args, algos)
@@ -109,8 +106,6 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
         flags.at_least(flag, value, low)
     flags.finite("-f", args.stepfactor)
     flags.timeout(args.timeout)
-    if world_size is not None and not 0 <= args.root < world_size:
-        raise UsageError(f"--root {args.root} is outside 0..{world_size - 1}")
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
         dtypes=tuple(dtype_name(d) for d in parse_dtypes(args.datatype)),
@@ -118,7 +113,8 @@ def build_config(args: argparse.Namespace, world_size: int | None) -> BenchConfi
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
-        timeout_s=args.timeout)
+        timeout_s=args.timeout, nproc=args.nproc,
+        out=Outputs(argv=tuple(args.argv), json=args.json, csv=args.csv, trace=args.trace, debug_dump=args.debug_dump))
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
         _require_supported(cfg)
@@ -142,74 +138,62 @@ def _require_supported(cfg: BenchConfig) -> None:
                     raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
 
 
-def configure(args: argparse.Namespace) -> tuple[BenchConfig, int]:
-    """The config and the number of local ranks to start (--nproc, or one per core or GPU), as checked
-    before any rank starts; raises UsageError, changes nothing."""
-    cfg = build_config(args, args.nproc)
-    return cfg, args.nproc if args.nproc is not None else max(1, slots(cfg.backend))
+class _Bench:
+    """bench's part of the job's life cycle (commprof/lifecycle.py)."""
+
+    build_config = staticmethod(build_config)
+
+    @staticmethod
+    def local_ranks(cfg: BenchConfig, slots: int) -> int:
+        return cfg.nproc if cfg.nproc is not None else max(1, slots)
+
+    @staticmethod
+    def check_world(cfg: BenchConfig, world_size: int) -> None:
+        if not 0 <= cfg.root < world_size:
+            raise UsageError(f"--root {cfg.root} is outside 0..{world_size - 1}")
+
+    @staticmethod
+    def without_comm(cfg: BenchConfig, world: World) -> bool:
+        return False
+
+    @staticmethod
+    def work(cfg: BenchConfig, rank: Rank) -> int:
+        """The sweep; rank 0 prints a table per collective, rewrites the files as points arrive and
+        returns how many values were wrong (every rank's, as the sweep gathers them)."""
+        the_plan = plan(cfg, rank.comm.world_size)
+        ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
+        if rank.world.rank == 0:
+            sink = _Sink(cfg, rank.env, the_plan)
+            rank.on_failure(sink.abandon)
+            sweep(rank.comm, cfg, the_plan, sink.add)
+            sink.close()
+        else:
+            sweep(rank.comm, cfg, the_plan, lambda *_: None)
+        ANNOTATOR.pop()
+        return sink.wrong if rank.world.rank == 0 else 0
+
+    @staticmethod
+    def report(cfg: BenchConfig, rank: Rank, results: list) -> int:
+        """Exit 1 if any value was wrong: the tables are out already."""
+        wrong = results[0]
+        if wrong:
+            sys.stderr.write(f"commprof: error: {wrong} wrong value(s) in the results (#wrong column)\n")
+            return 1
+        return 0
+
+
+COMMAND = _Bench()
 
 
 def main(args: argparse.Namespace) -> int:
-    world = discover()
-    if not world.launched:
-        cfg, nproc = configure(args)
-        if nproc > 1 or cfg.backend == "mpi":
-            over = nproc > slots(cfg.backend)
-            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,
-                                 json_path=args.json, trace_dir=args.trace)
-    cfg = build_config(args, world.world_size)
-    return run_rank(world, cfg, args)
-
-
-def run_rank(world: World, cfg: BenchConfig, args: argparse.Namespace) -> int:
-    """The sweep on one rank; rank 0 prints and writes the results. Exit 1 if any value was wrong."""
-    have = slots(cfg.backend)
-    if cfg.backend == "nccl" and world.local_world_size > have:
-        raise UsageError(f"nccl needs one GPU per rank: {world.local_world_size} ranks per host, {have} GPU(s)")
-    over = world.local_world_size > have
-    torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
-    comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
-        with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=dump_folder(args)) as watchdog:
-            pieces = comm.gather_object(local_env(comm.device), dst=0)
-            env = None if pieces is None else merge_env(
-                pieces, backend=cfg.backend, world_size=comm.world_size, local_world_size=world.local_world_size,
-                slots=have, oversubscribed=over, launcher=world.launcher, clock=comm.clock.kind,
-                argv=["commprof", *args.argv])
-            the_plan = plan(cfg, comm.world_size)
-            tracer = trace.start(comm, args.trace) if args.trace else None
-            if tracer is not None:
-                watchdog.on_failure(lambda code, message: trace.abandon(tracer))
-            ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-            if world.rank == 0:
-                sink = _Sink(cfg, env, args, the_plan)
-                watchdog.on_failure(sink.abandon)
-                sweep(comm, cfg, the_plan, sink.add)
-                sink.close()
-                wrong = sink.wrong
-            else:
-                sweep(comm, cfg, the_plan, lambda *_: None)
-                wrong = 0
-            ANNOTATOR.pop()
-            wrong = comm.broadcast_object(wrong, src=0)
-            if tracer is not None:
-                merged = trace.finish(comm, tracer, args.trace)
-                if merged is not None:
-                    Console(stderr=True).print(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev")
-    finally:
-        comm.close()
-    if wrong:
-        if world.rank == 0:
-            sys.stderr.write(f"commprof: error: {wrong} wrong value(s) in the results (#wrong column)\n")
-        return 1
-    return 0
+    return lifecycle.main(COMMAND, args)
 
 
 class _Sink:
     """Rank 0's end of the sweep: progress bar, a table per collective, files rewritten as rows arrive."""
 
-    def __init__(self, cfg: BenchConfig, env: dict, args, the_plan) -> None:
-        self.cfg, self.env, self.args, self.plan = cfg, env, args, the_plan
+    def __init__(self, cfg: BenchConfig, env: dict, the_plan) -> None:
+        self.cfg, self.env, self.plan = cfg, env, the_plan
         out = Console()
         # Off a terminal rich assumes 80 columns; a results table should not wrap in a log file.
         self.console = out if out.is_terminal else Console(width=200)
@@ -249,10 +233,10 @@ class _Sink:
         self.current = []
 
     def _write(self, *, complete: bool, reason: str | None = None, sync: bool = True) -> None:
-        if self.args.json:
-            files.write_json(self.args.json, self.env, self.results, complete=complete, reason=reason, sync=sync)
-        if self.args.csv:
-            files.write_csv(self.args.csv, self.results, sync=sync)
+        if self.cfg.out.json:
+            files.write_json(self.cfg.out.json, self.env, self.results, complete=complete, reason=reason, sync=sync)
+        if self.cfg.out.csv:
+            files.write_csv(self.cfg.out.csv, self.results, sync=sync)
 
     def close(self) -> None:
         if self.current:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
+from commprof.report.files import Outputs
 
 MAX_SIZES = 10_000
 """Most sizes one sweep may have: every rank plans a row per size, collective, dtype and op before
@@ -49,6 +50,10 @@ class BenchConfig:
     """Root rank for broadcast and reduce."""
     timeout_s: float = 120.0
     """A rank blocked longer than this in one op ends the run (--timeout)."""
+    nproc: int | None = None
+    """Local ranks to start (--nproc); None: one per core, or per GPU."""
+    out: Outputs = Outputs()
+    """Files the job writes and the command line it was started with."""
 
     def sizes(self) -> list[int]:
         """The requested byte sizes, before per-collective rounding."""

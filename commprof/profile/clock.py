@@ -3,7 +3,7 @@
 A clock hands out opaque time stamps with `now()`; `elapsed_ns(start, end)` turns two of them into
 nanoseconds. CUDA stamps are events recorded on the current stream — the stream a synchronous
 torch.distributed op is ordered on — and are only read when asked for, so timing an op never
-synchronizes the device. Exercised by: `pytest tests/test_profile.py`.
+synchronizes the device. Exercised by: `pytest tests/test_comm.py tests/test_gpu_trace.py`.
 """
 
 from __future__ import annotations

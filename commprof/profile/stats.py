@@ -3,7 +3,7 @@
 time_us (the reported time) = agg over ranks of each rank's mean over iterations, agg = avg|min|max (-a).
 p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
-Exercised by: `pytest tests/test_stats.py`.
+Exercised by: `pytest tests/test_units_stats.py -k summarize`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """JSON and CSV reports, written atomically: a temp file in the same folder, fsync, then rename, so a
 killed run leaves either the previous complete file or the new one, never half a file.
 
-Exercised by: `pytest tests/test_bench_cli.py -k json`.
+Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import io
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "dtype", "redop", "root", "inplace", "nbytes", "count",
@@ -64,8 +65,23 @@ def write_csv(path: str | Path, results: list[dict], *, sync: bool = True) -> No
     write_atomic(path, buf.getvalue(), sync=sync)
 
 
-def dump_folder(args) -> str | None:
-    """Where a failing rank writes its flight record: --debug-dump, else the --json file's folder."""
-    if getattr(args, "debug_dump", None):
-        return args.debug_dump
-    return str(Path(args.json).resolve().parent) if getattr(args, "json", None) else None
+@dataclass(frozen=True)
+class Outputs:
+    """Where a job writes, and the command line it was started with: part of every command's config."""
+
+    argv: tuple[str, ...] = ()
+    """The arguments after `commprof`: the launcher starts every rank with them, the env block records them."""
+    json: str | None = None
+    """--json: env and results as JSON, rewritten as they arrive and marked complete at the end."""
+    csv: str | None = None
+    """--csv: results as CSV (bench)."""
+    trace: str | None = None
+    """--trace: the folder of the per-rank Chrome traces and the merged trace.json."""
+    debug_dump: str | None = None
+    """--debug-dump: the folder of each rank's flight record after a failure."""
+
+    def dump_folder(self) -> str | None:
+        """Where a failing rank writes its flight record: --debug-dump, else the --json file's folder."""
+        if self.debug_dump:
+            return self.debug_dump
+        return str(Path(self.json).resolve().parent) if self.json else None

@@ -19,14 +19,14 @@ import time
 import torch
 from rich.console import Console
 
-from commprof import flags, launch
-from commprof.comm import BACKENDS, default_backend, init_comm, require_cuda, slots
-from commprof.comm.watchdog import Watchdog
-from commprof.profile import trace
+from commprof import flags, lifecycle
+from commprof.comm import BACKENDS, default_backend, require_cuda
+from commprof.data import SOURCES as DATA
 from commprof.errors import UsageError
+from commprof.lifecycle import Rank
 from commprof.models import MODELS, list_models
 from commprof.report import files
-from commprof.report.env import local_env, merge_env
+from commprof.report.files import Outputs
 from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
@@ -34,9 +34,7 @@ from commprof.run.results import combine
 from commprof.strategies import STRATEGIES
 from commprof.strategies.grid import degrees
 from commprof.strategies.partition import BALANCE
-from commprof.world import World, discover, usable_cores
-
-DATA = ("synthetic", "mnist", "cifar10", "cifar100", "text")
+from commprof.world import World
 
 
 def add_parser(subparsers) -> None:
@@ -88,7 +86,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=main)
 
 
-def build_config(args, world_size: int | None) -> RunConfig:
+def build_config(args: argparse.Namespace) -> RunConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
     if args.strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {args.strategy!r}: choose from {', '.join(STRATEGIES)}")
@@ -130,19 +128,11 @@ def build_config(args, world_size: int | None) -> RunConfig:
     if parallel == "pp" and args.batch_size % args.micro_batches:
         raise UsageError(f"--batch-size {args.batch_size} is not divisible by --micro-batches {args.micro_batches}")
     cuts = _cuts(args.cuts)
-    if parallel is not None and world_size is not None:
-        degrees(world_size, dp=args.dp, inner=args.pp if parallel == "pp" else args.tp,
-                flag="--stages" if parallel == "pp" else "--tp")
     if args.bucket_mb is not None and args.bucket_mb <= 0:
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
     if args.bucket_mb is not None and args.bucket_mb * 2 ** 20 > MAX_SIZE:  # ddp takes int(MiB × 2**20)
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} is over {MAX_SIZE >> 20} MiB")
     flags.timeout(args.timeout)
-    if world_size is not None:
-        if args.strategy == "single" and world_size != 1:
-            raise UsageError(f"strategy single runs on one process, not {world_size}")
-        if args.strategy == "fsdp" and world_size < 2:
-            raise UsageError("strategy fsdp shards over ranks and needs at least 2 (--nproc 2)")
     steps = args.steps if args.steps is not None or args.epochs is not None else 20
     if args.warmup >= (steps or 10 ** 9):
         raise UsageError(f"--warmup {args.warmup} leaves no measured step of --steps {steps}")
@@ -157,8 +147,9 @@ def build_config(args, world_size: int | None) -> RunConfig:
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
-        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state, json=args.json,
-        torch_profiler=args.torch_profiler)
+        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state,
+        torch_profiler=args.torch_profiler, nproc=args.nproc,
+        out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace, debug_dump=args.debug_dump))
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:
@@ -170,17 +161,67 @@ def _cuts(text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"--cuts {text!r} must be comma-separated layer indices, e.g. 2,5") from None
 
 
-def configure(args) -> tuple[RunConfig, int]:
-    """The config and the number of local ranks to start, as checked before any rank starts; raises
-    UsageError, changes nothing."""
-    single = args.strategy == "single"
-    cfg = build_config(args, args.nproc if args.nproc is not None else (1 if single else None))
-    nproc = args.nproc if args.nproc is not None else (1 if single else max(2, slots(cfg.backend)))
-    inner = cfg.pp if cfg.pp is not None else cfg.tp
-    if args.nproc is None and inner is not None:  # a model-parallel run sized by its degrees
-        nproc = inner * (cfg.dp or 1)
-    build_config(args, nproc)
-    return cfg, nproc
+class _Run:
+    """run's part of the job's life cycle (commprof/lifecycle.py)."""
+
+    build_config = staticmethod(build_config)
+
+    @staticmethod
+    def local_ranks(cfg: RunConfig, slots: int) -> int:
+        """--nproc; else a model-parallel run sized by its degrees, single on 1, the rest on one rank
+        per core or GPU (at least 2)."""
+        if cfg.nproc is not None:
+            return cfg.nproc
+        inner = cfg.pp if cfg.pp is not None else cfg.tp
+        if inner is not None:
+            return inner * (cfg.dp or 1)
+        return 1 if cfg.strategy == "single" else max(2, slots)
+
+    @staticmethod
+    def check_world(cfg: RunConfig, world_size: int) -> None:
+        parallel = getattr(STRATEGIES[cfg.strategy], "model_parallel", None)
+        if parallel is not None:
+            degrees(world_size, dp=cfg.dp, inner=cfg.pp if parallel == "pp" else cfg.tp,
+                    flag="--stages" if parallel == "pp" else "--tp")
+        if cfg.strategy == "single" and world_size != 1:
+            raise UsageError(f"strategy single runs on one process, not {world_size}")
+        if cfg.strategy == "fsdp" and world_size < 2:
+            raise UsageError("strategy fsdp shards over ranks and needs at least 2 (--nproc 2)")
+
+    @staticmethod
+    def without_comm(cfg: RunConfig, world: World) -> bool:
+        return cfg.strategy == "single" and not world.launched
+
+    @staticmethod
+    def work(cfg: RunConfig, rank: Rank) -> dict:
+        """Train; rank 0 keeps its iterations in the --json file as they come and saves the model."""
+        partial = None
+        if cfg.out.json and rank.world.rank == 0 and rank.comm is not None:
+            partial = _Partial(cfg.out.json, rank.world.rank, rank.world.world_size)
+            rank.on_failure(partial.abandon)
+        comm = rank.comm if cfg.strategy != "single" else None
+        result, state = train(cfg, comm, rank.device, on_step=partial.update if partial is not None else None)
+        if cfg.save_state and rank.world.rank == 0:
+            tmp = f"{cfg.save_state}.tmp{os.getpid()}"
+            torch.save(state, tmp)
+            os.replace(tmp, cfg.save_state)
+        return result
+
+    @staticmethod
+    def report(cfg: RunConfig, rank: Rank, results: list) -> int:
+        from commprof.report.run_table import run_tables
+
+        doc = combine(cfg, results, rank.env)
+        out = Console()
+        console = out if out.is_terminal else Console(width=200)
+        for table in run_tables(doc):
+            console.print(table)
+        if cfg.out.json:
+            files.write_atomic(cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
+        return 0
+
+
+COMMAND = _Run()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -188,51 +229,7 @@ def main(args: argparse.Namespace) -> int:
         from commprof.report.run_table import models_table
         Console().print(models_table(list_models()))
         return 0
-    world = discover()
-    if not world.launched:
-        cfg, nproc = configure(args)
-        if nproc > 1 or cfg.backend == "mpi":
-            over = nproc > slots(cfg.backend)
-            return launch.launch(args.argv, nproc=nproc, backend=cfg.backend, oversubscribed=over,
-                                 json_path=args.json, trace_dir=args.trace)
-    cfg = build_config(args, world.world_size)
-    return run_rank(world, cfg, args)
-
-
-def run_rank(world: World, cfg: RunConfig, args) -> int:
-    """Train on this rank; rank 0 combines every rank's figures, prints the table and writes files."""
-    have = slots(cfg.backend)
-    over = world.local_world_size > have
-    torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
-    if cfg.strategy == "single" and not world.launched:
-        comm, device = None, _device(cfg.backend, world)
-        tracer = trace.start(None, args.trace) if args.trace else None
-        result = train(cfg, None, device)
-        _trace_done(None, tracer, args)
-        return _report(cfg, args, [result], local_env(device), world, over)
-    comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
-        with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=files.dump_folder(args)) as watchdog:
-            env_piece = local_env(comm.device)
-            tracer = trace.start(comm, args.trace) if args.trace else None
-            if tracer is not None:
-                watchdog.on_failure(lambda code, message: trace.abandon(tracer))
-            partial = _Partial(cfg.json, world.rank, world.world_size) if cfg.json and world.rank == 0 else None
-            if partial is not None:
-                watchdog.on_failure(partial.abandon)
-            result = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
-                           on_step=partial.update if partial is not None else None)
-            _trace_done(comm, tracer, args)
-            state = result.pop("state")
-            gathered = comm.gather_object((result, env_piece), dst=0)
-        code = 0
-        if world.rank == 0:
-            results = [r for r, _ in gathered]
-            results[0]["state"] = state
-            code = _report(cfg, args, results, [e for _, e in gathered], world, over)
-    finally:
-        comm.close()
-    return code
+    return lifecycle.main(COMMAND, args)
 
 
 class _Partial:
@@ -260,42 +257,3 @@ class _Partial:
                "iterations": {str(self.rank): self.iterations}}
         files.write_atomic(self.path, json.dumps(doc, indent=1) + "\n")
         self.saved = time.monotonic()
-
-
-def _trace_done(comm, tracer, args) -> None:
-    if tracer is None:
-        return
-    merged = trace.finish(comm, tracer, args.trace)
-    if merged is not None:
-        Console(stderr=True).print(f"trace: {merged}; open in ui.perfetto.dev or chrome://tracing")
-
-
-def _device(backend: str, world: World) -> torch.device:
-    if backend == "nccl":
-        device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
-
-
-def _report(cfg: RunConfig, args, results: list[dict], env_pieces, world: World, over: bool) -> int:
-    from commprof.report.run_table import run_tables
-
-    pieces = env_pieces if isinstance(env_pieces, list) else [env_pieces]
-    env = merge_env(pieces, backend=cfg.backend, world_size=len(results), local_world_size=world.local_world_size,
-                    slots=slots(cfg.backend), oversubscribed=over, launcher=world.launcher,
-                    clock="cuda" if cfg.backend == "nccl" else "cpu",
-                    argv=["commprof", *args.argv])
-    state = results[0].pop("state", None)
-    if cfg.save_state:
-        tmp = f"{cfg.save_state}.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, cfg.save_state)
-    doc = combine(cfg, results, env)
-    out = Console()
-    console = out if out.is_terminal else Console(width=200)
-    for table in run_tables(doc):
-        console.print(table)
-    if cfg.json:
-        files.write_atomic(cfg.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
-    return 0

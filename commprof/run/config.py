@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from commprof.report.files import Outputs
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -79,8 +81,10 @@ class RunConfig:
     """Seconds a rank may wait on its peers."""
     save_state: str | None = None
     """Write the final full model state_dict here (rank 0)."""
-    json: str | None = None
-    """Write every figure per rank per iteration here."""
+    nproc: int | None = None
+    """Local ranks to start (--nproc); None: sized by the model-parallel degrees, else one per core or GPU."""
+    out: Outputs = Outputs()
+    """Files the job writes (--json: every figure per rank per iteration) and its command line."""
     torch_profiler: str | None = None
     """Also capture a PyTorch profiler (Kineto) trace per rank into this directory, for Holistic Trace
     Analysis (--torch-profiler)."""

@@ -126,8 +126,8 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
         "skipped_steps": strategy.scaler.skipped,
     }
     result["eval"] = evaluate(cfg, strategy, source, rank, k, device)
-    result["state"] = strategy.full_state() if cfg.save_state else None
-    return result
+    state = strategy.full_state() if cfg.save_state else None
+    return result, state
 
 
 def evaluate(cfg: RunConfig, strategy, source, rank: int, k: int, device) -> dict | None:

@@ -1,0 +1,158 @@
+"""The life of one commprof job, the same for every command that runs on ranks:
+
+    args ─ build_config (once per process) ─┬─ launcher: local_ranks, check_world, launch.launch(argv)
+                                            └─ rank: check_world, Comm, watchdog, env, trace,
+                                               work → trace.finish → gather → report (rank 0) → exit code
+
+A command is a `Command`: it turns its flags into a frozen config and fills in the work one rank does and
+the report rank 0 makes of every rank's result. Everything else — who launches, which rank speaks, the
+watchdog and its salvage, the trace, the env block, the shutdown order — is here, once. `args` stops at
+`build_config`; below it everything reads the config. Exercised by: `pytest tests/test_bench_cli.py
+tests/test_run_cli.py tests/test_failures.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+from rich.console import Console
+
+from commprof import launch
+from commprof.comm import init_comm, slots
+from commprof.comm.watchdog import Watchdog
+from commprof.errors import UsageError
+from commprof.profile import trace
+from commprof.report.env import local_env, merge_env
+from commprof.report.files import Outputs
+from commprof.world import World, discover, usable_cores
+
+
+class Config(Protocol):
+    """What the life cycle reads of a command's config."""
+
+    backend: str
+    nproc: int | None
+    timeout_s: float
+    out: Outputs
+
+
+@dataclass
+class Rank:
+    """What a command's work sees of the job on one rank."""
+
+    world: World
+    comm: Any
+    """The world's Comm; None for a single process that runs without one (run --strategy single)."""
+    device: torch.device
+    env: dict | None
+    """The job's environment block (every rank's piece merged), on rank 0; None on the others."""
+    watchdog: Watchdog | None
+
+    def on_failure(self, fn: Callable[[int, str], None]) -> None:
+        """Call `fn(code, message)` before a failing job ends this rank: write what was measured."""
+        if self.watchdog is not None:
+            self.watchdog.on_failure(fn)
+
+
+class Command(Protocol):
+    """One command's part of the life cycle."""
+
+    def build_config(self, args: argparse.Namespace) -> Config:
+        """Every flag checked that can be without the world size; raises UsageError."""
+
+    def local_ranks(self, cfg: Config, slots: int) -> int:
+        """Ranks to start on this host when nothing launched this process: --nproc, or a default from
+        `slots`, the ranks this host runs without oversubscribing (cores, or GPUs for nccl)."""
+
+    def check_world(self, cfg: Config, world_size: int) -> None:
+        """What depends on the world size; raises UsageError."""
+
+    def without_comm(self, cfg: Config, world: World) -> bool:
+        """True when this process works alone, without a Comm."""
+
+    def work(self, cfg: Config, rank: Rank) -> Any:
+        """This rank's part; returns what rank 0's report gets from it."""
+
+    def report(self, cfg: Config, rank: Rank, results: list) -> int:
+        """Rank 0: tables and files from every rank's result; returns the job's exit code."""
+
+
+def configure(command: Command, args: argparse.Namespace) -> tuple[Config, int]:
+    """The config and the number of local ranks to start, as checked before any rank starts; raises
+    UsageError, changes nothing."""
+    cfg, nproc, _ = _plan(command, args)
+    return cfg, nproc
+
+
+def _plan(command: Command, args: argparse.Namespace) -> tuple[Config, int, int]:
+    cfg = command.build_config(args)
+    have = slots(cfg.backend)
+    nproc = command.local_ranks(cfg, have)
+    command.check_world(cfg, nproc)
+    return cfg, nproc, have
+
+
+def main(command: Command, args: argparse.Namespace) -> int:
+    """Launch the ranks, or be one: the exit code of the job, or of this rank."""
+    world = discover()
+    if world.launched:
+        cfg = command.build_config(args)
+        command.check_world(cfg, world.world_size)
+        return run_rank(command, cfg, world, slots(cfg.backend))
+    cfg, nproc, have = _plan(command, args)
+    if nproc > 1 or cfg.backend == "mpi":
+        return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
+                             json_path=cfg.out.json, trace_dir=cfg.out.trace)
+    return run_rank(command, cfg, world, have)
+
+
+def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
+    """One rank from Comm to exit code; rank 0 reports, every rank returns the job's code. `have`: the
+    ranks this host runs without oversubscribing."""
+    if cfg.backend == "nccl" and world.local_world_size > have:
+        raise UsageError(f"nccl needs one GPU per rank: {world.local_world_size} ranks per host, {have} GPU(s)")
+    over = world.local_world_size > have
+    torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
+    comm = None
+    if not command.without_comm(cfg, world):
+        comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
+    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
+        watchdog = Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank,
+                            dump_dir=cfg.out.dump_folder()) if comm is not None else nullcontext()
+        with watchdog:
+            device = comm.device if comm is not None else _device(cfg.backend, world)
+            pieces = comm.gather_object(local_env(device), dst=0) if comm is not None else [local_env(device)]
+            env = None if pieces is None else merge_env(
+                pieces, backend=cfg.backend, world_size=len(pieces), local_world_size=world.local_world_size,
+                slots=have, oversubscribed=over, launcher=world.launcher,
+                clock=comm.clock.kind if comm is not None else device.type, argv=["commprof", *cfg.out.argv])
+            rank = Rank(world, comm, device, env, watchdog if comm is not None else None)
+            tracer = trace.start(comm, cfg.out.trace) if cfg.out.trace else None
+            if tracer is not None:
+                rank.on_failure(lambda code, message: trace.abandon(tracer))
+            result = command.work(cfg, rank)
+            if tracer is not None:
+                merged = trace.finish(comm, tracer, cfg.out.trace)
+                if merged is not None:
+                    Console(stderr=True).print(f"trace: {merged} ({world.world_size} rank(s)); "
+                                               "open in ui.perfetto.dev or chrome://tracing")
+            results = comm.gather_object(result, dst=0) if comm is not None else [result]
+            code = command.report(cfg, rank, results) if world.rank == 0 else 0
+            if comm is not None:
+                code = comm.broadcast_object(code, src=0)
+    finally:
+        if comm is not None:
+            comm.close()
+    return code
+
+
+def _device(backend: str, world: World) -> torch.device:
+    if backend == "nccl":
+        device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")

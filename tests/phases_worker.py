@@ -29,6 +29,18 @@ def spin(ms: float) -> None:
         pass
 
 
+def forward(phases: Phases, ms: float) -> tuple[int, int, int, int]:
+    """The forward phase, `ms` of spinning. Returns stamps just inside and just outside the phase: the
+    recorder's compute must lie between the two durations (a loaded machine can pause the rank at the
+    phase's edges, and then the phase really lasted longer than the spin)."""
+    outside_0 = time.perf_counter_ns()
+    with phases.phase("forward"):
+        inside_0 = time.perf_counter_ns()
+        spin(ms)
+        inside_1 = time.perf_counter_ns()
+    return inside_0, inside_1, outside_0, time.perf_counter_ns()
+
+
 def main() -> None:
     # gloo stamps an async op's completion in a Python callback, which waits for the GIL while `spin`
     # holds it: up to two switch intervals (2 × 5 ms) late by default. Real compute (torch kernels)
@@ -50,19 +62,27 @@ def main() -> None:
                 continue
             phases.begin(repeat)
             if async_op:
+                before_issue = time.perf_counter_ns()
                 handle = comm.all_reduce(buf, async_op=True)
-                with phases.phase("forward"):
-                    spin(compute_ms)
+                after_issue = time.perf_counter_ns()
+                edges = forward(phases, compute_ms)
+                before_wait = time.perf_counter_ns()
                 handle.wait()
+                # comm − exposed is the time from the op's issue to the wait's start: bracketed by these
+                gaps = {"issue_to_wait_min_ms": (before_wait - after_issue) / MS,
+                        "issue_to_wait_max_ms": (before_wait - before_issue) / MS}
             else:
-                with phases.phase("forward"):
-                    spin(compute_ms)
+                gaps = {}
+                edges = forward(phases, compute_ms)
                 comm.all_reduce(buf)
             split = phases.end()
             joined = comm.gather_object(None, dst=0)[1]
             assert torch.equal(buf, torch.full((1024,), 2.0))
+            inside_0, inside_1, outside_0, outside_1 = edges
             print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms,
-                              "join_ms": (joined - began) / MS,
+                              "join_ms": (joined - began) / MS, "forward_min_ms": (inside_1 - inside_0) / MS,
+                              "forward_max_ms": (outside_1 - outside_0) / MS, "forward_end_ms": (outside_1 - began) / MS,
+                              "comm_minus_exposed_ms": (split.comm_ns - split.exposed_comm_ns) / MS, **gaps,
                               **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()
                                  if isinstance(v, int)}}), flush=True)
     comm.control_barrier()

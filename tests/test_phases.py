@@ -93,17 +93,22 @@ def hidden_until_join(c) -> bool:
     return c["join_ms"] - 1.0 <= c["comm_ms"] <= c["join_ms"] + LATE_MS
 
 
+def forward_measured(c) -> bool:
+    """The recorder's compute lies between the spin's own duration and the time around the phase."""
+    return c["forward_min_ms"] - 0.5 <= c["compute_ms"] <= c["forward_max_ms"] + 0.5
+
+
 def test_calibrated_blocking_comm_has_no_overlap(calibrated):
     c = calibrated["blocking"]  # compute 60 ms, then a blocking op that completes when rank 1 joins
-    assert close(c["compute_ms"], 60), c
-    assert close(c["comm_ms"], c["join_ms"] - 60), c
-    assert close(c["exposed_comm_ms"], c["join_ms"] - 60), c
+    assert c["forward_min_ms"] >= 60 and forward_measured(c), c
+    assert close(c["comm_ms"], c["join_ms"] - c["forward_end_ms"]), c
+    assert close(c["exposed_comm_ms"], c["join_ms"] - c["forward_end_ms"]), c
     assert c["overlap_ms"] < 1.0, c
 
 
 def test_calibrated_async_comm_hidden_behind_compute(calibrated):
     c = calibrated["overlap"]  # issued at 0, joined at ~80 ms, compute 150 ms: all hidden
-    assert close(c["compute_ms"], 150), c
+    assert c["forward_min_ms"] >= 150 and forward_measured(c), c
     assert hidden_until_join(c), c
     assert abs(c["overlap_ms"] - c["comm_ms"]) < 1.0, c
     assert c["exposed_comm_ms"] < 3.0, c
@@ -111,9 +116,11 @@ def test_calibrated_async_comm_hidden_behind_compute(calibrated):
 
 def test_calibrated_async_comm_partly_exposed(calibrated):
     c = calibrated["partial"]  # issued at 0, compute 60 ms, joined at ~150 ms
-    assert close(c["compute_ms"], 60), c
+    assert c["forward_min_ms"] >= 60 and forward_measured(c), c
     assert hidden_until_join(c), c
-    assert close(c["overlap_ms"], 60), c
-    # waited on while in flight: the op completes when the wait returns, so exposed = comm - compute
-    assert abs(c["exposed_comm_ms"] - (c["comm_ms"] - c["compute_ms"])) < 2.0, c
+    assert close(c["overlap_ms"], c["compute_ms"]), c
+    # waited on while in flight: the op completes when the wait returns, so comm − exposed is the time from
+    # its issue to the wait (the compute and the statements around it); 2 ms for the wait's own stamp
+    assert c["issue_to_wait_min_ms"] - 0.5 <= c["comm_minus_exposed_ms"] <= c["issue_to_wait_max_ms"] + 2.0, c
+    assert c["comm_minus_exposed_ms"] >= c["compute_ms"] - 0.5, c
     assert c["exposed_comm_ms"] <= c["comm_ms"]

@@ -32,8 +32,8 @@ from commprof.run.config import RunConfig
 from commprof.run.loop import train
 from commprof.run.results import combine
 from commprof.strategies import STRATEGIES
-from commprof.strategies.grid import degrees
-from commprof.strategies.partition import BALANCE
+from commprof.parallel.grid import degrees
+from commprof.parallel.partition import BALANCE
 from commprof.world import World, discover, usable_cores
 
 DATA = ("synthetic", "mnist", "cifar10", "cifar100", "text")
@@ -207,9 +207,9 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
     if cfg.strategy == "single" and not world.launched:
         comm, device = None, _device(cfg.backend, world)
         tracer = trace.start(None, args.trace) if args.trace else None
-        result = train(cfg, None, device)
+        result, state = train(cfg, None, device)
         _trace_done(None, tracer, args)
-        return _report(cfg, args, [result], local_env(device), world, over)
+        return _report(cfg, args, [{**result, "state": state}], local_env(device), world, over)
     comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
     try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
         with Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank, dump_dir=files.dump_folder(args)) as watchdog:
@@ -220,10 +220,9 @@ def run_rank(world: World, cfg: RunConfig, args) -> int:
             partial = _Partial(cfg.json, world.rank, world.world_size) if cfg.json and world.rank == 0 else None
             if partial is not None:
                 watchdog.on_failure(partial.abandon)
-            result = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
-                           on_step=partial.update if partial is not None else None)
+            result, state = train(cfg, comm if cfg.strategy != "single" else None, comm.device,
+                                  on_step=partial.update if partial is not None else None)
             _trace_done(comm, tracer, args)
-            state = result.pop("state")
             gathered = comm.gather_object((result, env_piece), dst=0)
         code = 0
         if world.rank == 0:

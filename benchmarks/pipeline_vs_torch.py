@@ -112,7 +112,7 @@ def worker(args) -> None:
     from commprof.comm import init_comm
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
-    from commprof.strategies.partition import balanced_starts, param_costs
+    from commprof.parallel.partition import balanced_starts, param_costs
     from commprof.world import discover
 
     torch.set_num_threads(1)

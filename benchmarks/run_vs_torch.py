@@ -79,7 +79,7 @@ def ours(cfg, comm, batches, micro_batches=lambda batch: [batch]):
 
     def step(i: int) -> float:
         phases.begin(i)
-        loss = strategy.train_step(micro_batches(batches[i % len(batches)]), phases)
+        loss = strategy.train_step(micro_batches(batches[i % len(batches)]), phases).loss
         phases.end()
         step_volume(phases.ops())
         recorder.clear()

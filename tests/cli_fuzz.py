@@ -31,9 +31,9 @@ from commprof.comm import BACKENDS
 from commprof.comm.dtypes import ALIASES, DTYPES, REDUCE_OPS
 from commprof.errors import CommprofError, UnsupportedError, UsageError
 from commprof.models import MODELS
+from commprof.parallel.partition import BALANCE
 from commprof.run import command as run
 from commprof.strategies import STRATEGIES
-from commprof.strategies.partition import BALANCE
 
 # What can be an element of a real process's argv: no NUL, no lone surrogate.
 TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=10)

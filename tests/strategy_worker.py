@@ -33,15 +33,15 @@ def main(spec: dict) -> int:
     if comm.rank == 0:
         replicas = spec.get("replicas", k)  # model-parallel ranks share one shard of the global batch
         single = RunConfig(strategy="single", **{**base, "batch_size": base["batch_size"] * replicas})
-        reference = train(single, None, torch.device("cpu"))["state"]
+        _, reference = train(single, None, torch.device("cpu"))
     failures = []
     for name in spec["strategies"]:
-        result = train(RunConfig(strategy=name, **base), comm, torch.device("cpu"))
+        result, state = train(RunConfig(strategy=name, **base), comm, torch.device("cpu"))
         measured = {op: v["payload_bytes"] for op, v in mean_volume(result["volume_steps"]).items()}
         every = comm.gather_object((measured, result["predicted"]), dst=0)  # each rank's own volume
         if comm.rank != 0:
             continue
-        worst = max(float((result["state"][key].float() - value.float()).abs().max())
+        worst = max(float((state[key].float() - value.float()).abs().max())
                     for key, value in reference.items())
         ok_params = worst <= spec.get("atol", 2e-5)
         ok_volume = all(got == want for got, want in every)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from commprof.errors import UsageError
-from commprof.strategies.partition import balanced_starts, describe, explicit_starts
-from commprof.strategies.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
+from commprof.parallel.partition import balanced_starts, describe, explicit_starts
+from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
 from invariants import check_run
 from spawn import commprof, spawn
 from test_strategies import run_worker

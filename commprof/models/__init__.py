@@ -26,7 +26,7 @@ __all__ = ["MODELS", "ModelEntry", "ModelSpec", "build_model", "count_parameters
 # line says otherwise; tests/test_models.py checks each one against the built model.
 MODELS: dict[str, ModelEntry] = {
     "mnist-cnn": ModelEntry(cnn.build, "image",
-                            "PyTorch's MNIST example CNN, 21,840 params at 1x28x28"),
+                            "PyTorch's MNIST example CNN, 21,840 params at 1x28x28", image_size=28, in_channels=1),
     "resnet18": ModelEntry(partial(vision.build, "resnet18"), "image",
                            "torchvision ResNet-18, 11,181,642 params"),
     "mobilenet_v2": ModelEntry(partial(vision.build, "mobilenet_v2"), "image",
@@ -44,9 +44,9 @@ MODELS: dict[str, ModelEntry] = {
     "gpt2-tiny": ModelEntry(partial(gpt2.build, preset=gpt2.GPT2_TINY), "text",
                             "GPT-2-style decoder, 2 layers x 32, 31,680 params (tests)"),
     "bert": ModelEntry(partial(bert.build, preset=bert.BERT), "text",
-                       "BERT-style MLM encoder, 12 layers x 576, 48,312,065 params"),
+                       "BERT-style MLM encoder, 12 layers x 576, 48,312,065 params", masked_lm=True),
     "bert-tiny": ModelEntry(partial(bert.build, preset=bert.BERT_TINY), "text",
-                            "BERT-style MLM encoder, 2 layers x 32, 32,865 params (tests)"),
+                            "BERT-style MLM encoder, 2 layers x 32, 32,865 params (tests)", masked_lm=True),
 }
 
 

@@ -1,4 +1,5 @@
-"""What a model-zoo entry hands to a run: the module, its loss convention, its wrap units, its input.
+"""What a model-zoo entry hands to a run: the module, its loss convention, its wrap units, its input;
+and what the zoo knows of a model before it is built: the data it trains on.
 
 `ModelSpec` and `ModelEntry` are re-exported by `commprof.models`; the builders in this package return
 a `ModelSpec`. Exercised by: `pytest tests/test_models.py`.
@@ -44,3 +45,12 @@ class ModelEntry:
     """"image" or "text"."""
     description: str
     """One line for --list-models, with the parameter count at default sizes."""
+    masked_lm: bool = False
+    """Text models: trains on masked-LM data (BERT: some tokens masked, labels only at those, -100
+    elsewhere) instead of next-token prediction. Sets the data task before the model is built."""
+    image_size: int = 32
+    """Image models: height = width of the synthetic images made for it when --image-size is not given
+    (a real data set keeps its own)."""
+    in_channels: int = 3
+    """Image models: channels of the synthetic images made for it when --in-channels is not given (a
+    real data set keeps its own)."""

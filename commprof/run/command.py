@@ -25,6 +25,8 @@ from commprof.data import SOURCES as DATA
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.models import MODELS, list_models
+from commprof.parallel.grid import degrees
+from commprof.parallel.partition import BALANCE
 from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.units import MAX_SIZE
@@ -32,8 +34,6 @@ from commprof.run.config import RunConfig
 from commprof.run.loop import train
 from commprof.run.results import combine
 from commprof.strategies import STRATEGIES
-from commprof.strategies.grid import degrees
-from commprof.strategies.partition import BALANCE
 from commprof.world import World
 
 

@@ -2,7 +2,8 @@
 
 Each step: the global batch's indices (the same on every rank count), this rank's contiguous shard,
 split into micro-batches; `strategy.train_step` inside a phase-recorded iteration; the iteration's
-compute/comm split and its op log's volume. Exercised by: `pytest tests/test_run_cli.py`.
+compute/comm split and its op log's volume; the last step also measures what the rank's memory holds.
+Exercised by: `pytest tests/test_run_cli.py` and `pytest tests/test_strategies.py` (its worker calls train).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ def build(cfg: RunConfig):
     """(source, spec): the data source and the model, sized to each other."""
     from commprof.models import MODELS
 
-    kind = MODELS[cfg.model].kind
-    image_default = (1, 28) if cfg.model == "mnist-cnn" else (3, 32)
-    task = "classify" if kind == "image" else ("mlm" if cfg.model.startswith("bert") else "lm")
+    entry = MODELS[cfg.model]
+    kind = entry.kind
+    task = "classify" if kind == "image" else ("mlm" if entry.masked_lm else "lm")
+    synthetic = cfg.data == "synthetic"  # a real data set has its own image size and channels
     source = open_source(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, task=task, seq_len=cfg.seq_len,
-                         image_size=cfg.image_size or (image_default[1] if cfg.data == "synthetic" else None),
-                         in_channels=cfg.in_channels or (image_default[0] if cfg.data == "synthetic" else None),
+                         image_size=cfg.image_size or (entry.image_size if synthetic else None),
+                         in_channels=cfg.in_channels or (entry.in_channels if synthetic else None),
                          num_classes=cfg.num_classes, num_samples=cfg.samples)
     if source.kind != kind:
         raise UsageError(f"model {cfg.model} takes {kind} input but --data {cfg.data} is {source.kind}")
@@ -61,8 +63,9 @@ def _checkpointed(forward):
     return run
 
 
-def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
-    """Train on this rank; returns per-iteration figures, losses, volume, memory and accuracy.
+def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dict, dict | None]:
+    """Train on this rank; returns (figures, state): per-iteration figures, losses, volume, memory and
+    accuracy as plain data, and the whole model's state_dict if --save-state asks for it (else None).
     `on_step(iterations)` sees the measured iterations so far after each one (to save them early)."""
     source, spec = build(cfg)
     spec.module.to(device)
@@ -89,7 +92,6 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
             if t == cfg.warmup:
                 ANNOTATOR.push(measured)
             epoch, step = divmod(t, spe)
-            strategy.measure_memory = t == total - 1
             phases.begin(t)
             with phases.phase("data"):
                 idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
@@ -97,9 +99,9 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
                 batch = source.get(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
                 x, y = batch.x.to(device), batch.y.to(device)
                 micro_batches = [(x[i:i + micro], y[i:i + micro]) for i in range(0, cfg.batch_size, micro)]
-            loss = strategy.train_step(micro_batches, phases)
+            step_result = strategy.train_step(micro_batches, phases, measure_memory=t == total - 1)
             split = phases.end()
-            losses.append(loss)
+            losses.append(step_result.loss)
             if t >= cfg.warmup:
                 iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
                                    "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
@@ -113,11 +115,10 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
             recorder.clear()
             kineto.step(prof)
     ANNOTATOR.pop()  # measured
-    held = getattr(strategy, "held", None) or strategy.held_bytes()
     result = {
         "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss, "group_sizes": strategy.group_sizes(),
         "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(), "iterations": iterations, "losses": losses, "volume_steps": volumes,
-        "predicted": strategy.predict(), "held_bytes": held,
+        "predicted": strategy.predict(), "held_bytes": step_result.held_bytes,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "parameters": parameters, "trainable_parameters": trainable_parameters,
@@ -126,8 +127,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> dict:
         "skipped_steps": strategy.scaler.skipped,
     }
     result["eval"] = evaluate(cfg, strategy, source, rank, k, device)
-    state = strategy.full_state() if cfg.save_state else None
-    return result, state
+    return result, strategy.full_state() if cfg.save_state else None
 
 
 def evaluate(cfg: RunConfig, strategy, source, rank: int, k: int, device) -> dict | None:

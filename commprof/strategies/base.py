@@ -3,22 +3,32 @@
 A strategy owns the model replica (or shard) of one rank and runs one optimizer step on that rank's
 shard of the global batch:
 
-    strategy.train_step(micro_batches, phases) -> local loss (float)
+    step = strategy.train_step(micro_batches, phases, measure_memory=last)
+    step.loss          # this rank's loss (float)
+    step.held_bytes    # {"params": …, "grads": …, "optimizer": …} if measure_memory, else None
 
 Every phase sits in `phases.phase(...)`, every byte goes through `self.comm`. Subclasses fill in
 `backward_done` (gradient communication), `optimizer_params` (what the optimizer updates),
-`after_step` (e.g. all-gather updated shards) and `predict` (analytic payload bytes per step).
-Exercised by: `pytest tests/test_strategies.py`.
+`after_step` (e.g. all-gather updated shards), `predict` (analytic payload bytes per step) and, where
+they keep buffers of their own, `held_bytes` (what the rank's memory holds).
+
+Memory is a return value of the step that measured it: a rank holds the most right after the optimizer
+step, before the gradients are dropped, and only the step itself sees that moment. Counting walks every
+tensor inside the "step" phase, so the caller asks for it on one step (the loop: the last) and every
+other step returns None. `held_bytes()` says what is counted; `optimizer_step` calls it at that moment.
+Exercised by: `pytest tests/test_strategies.py` and `pytest tests/test_pipeline.py -k frozen`.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from commprof.strategies.precision import LossScaler
+from commprof.parallel.precision import LossScaler
+from commprof.parallel.sizes import tensor_bytes
 
 # torch.autocast's dtype per --precision; fp32 runs without autocast.
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -56,8 +66,15 @@ class NoOptimizer:
         pass
 
 
-def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step hands back to its caller."""
+
+    loss: float
+    """This rank's loss, averaged over its micro-batches (NaN on a rank that computes none: reports_loss)."""
+    held_bytes: dict[str, int] | None = None
+    """`Strategy.held_bytes()` taken right after the optimizer step, before the gradients are dropped:
+    the rank's peak between steps. None unless the step was asked to measure memory."""
 
 
 class Strategy:
@@ -65,8 +82,6 @@ class Strategy:
 
     name = "base"
     needs_comm = True
-    measure_memory = False
-    """Set by the loop on the last step: record `held_bytes()` right after the optimizer step."""
     model_parallel: str | None = None
     """"pp" or "tp" for strategies that split the model (they take --stages / --tp and --dp)."""
     reports_loss = True
@@ -145,8 +160,9 @@ class Strategy:
         return {"params": params, "grads": grads, "optimizer": state}
 
     # ---- one optimizer step -------------------------------------------------------------------
-    def train_step(self, micro_batches, phases) -> float:
-        """Forward + backward over each micro-batch, gradient comm, optimizer step. Returns the loss."""
+    def train_step(self, micro_batches, phases, *, measure_memory: bool = False) -> StepResult:
+        """Forward + backward over each micro-batch, gradient comm, optimizer step: the loss, and what
+        the rank holds if `measure_memory`."""
         total = 0.0
         n = len(micro_batches)
         dtype = AUTOCAST.get(self.config.precision)
@@ -158,16 +174,17 @@ class Strategy:
                 self.scaler.scale(loss).backward()
             total += loss.item()
         self.backward_done(phases)
-        self.optimizer_step(phases)
-        return total
+        return StepResult(total, self.optimizer_step(phases, measure_memory))
 
-    def optimizer_step(self, phases) -> None:
-        """Unscale and check (fp16), step, record memory on the measured step, drop the gradients."""
+    def optimizer_step(self, phases, measure_memory: bool) -> dict[str, int] | None:
+        """Unscale and check (fp16), step, drop the gradients; `held_bytes()` if `measure_memory`."""
+        held = None
         with phases.phase("step"):
             if self.scaler.unscale_and_check(self.optimizer_params()):
                 self.optimizer.step()
-            if self.measure_memory:  # before the gradients are dropped: what the step holds at its peak
-                self.held = self.held_bytes()
+            if measure_memory:  # before the gradients are dropped: what the step holds at its peak
+                held = self.held_bytes()
             self.optimizer.zero_grad(set_to_none=True)
             self.model.zero_grad(set_to_none=True)
         self.after_step(phases)
+        return held

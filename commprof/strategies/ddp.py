@@ -9,7 +9,7 @@ bucket issues an async all_reduce of the whole bucket. After backward, every buc
 wait is the exposed communication), averaged, and handed back as the gradients. With gradient
 accumulation, hooks stay quiet until the last micro-batch (DDP's no_sync). A parameter that gets no
 gradient in a step is sent as zeros, so every rank issues the same ops in the same order.
-Exercised by: `pytest tests/test_strategies.py -k ddp`.
+Exercised by: `pytest tests/test_strategies.py -k "cnn or ddp"`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from contextlib import contextmanager
 
 import torch
 
-from commprof.strategies.base import Strategy, tensor_bytes
+from commprof.parallel.sizes import tensor_bytes
+from commprof.strategies.base import Strategy
 
 
 class Bucket:

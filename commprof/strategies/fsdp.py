@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from commprof.strategies.base import Strategy, tensor_bytes, trainable
-from commprof.strategies.flat import FlatShards
+from commprof.parallel.flat import FlatShards
+from commprof.parallel.sizes import tensor_bytes
+from commprof.strategies.base import Strategy, trainable
 
 
 class Unit:

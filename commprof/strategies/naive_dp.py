@@ -5,12 +5,13 @@
 Not used in practice, but the right starting point: every replica computes gradients on its shard of
 the global batch, and the mean of those gradients is the gradient of the global batch. The studies'
 "vanilla" data parallelism; `ddp` is the same arithmetic with buckets issued during backward.
-Exercised by: `pytest tests/test_strategies.py -k naive`.
+Exercised by: `pytest tests/test_strategies.py -k "cnn or transformer"`.
 """
 
 from __future__ import annotations
 
-from commprof.strategies.base import Strategy, tensor_bytes
+from commprof.parallel.sizes import tensor_bytes
+from commprof.strategies.base import Strategy
 
 
 class NaiveDP(Strategy):

@@ -20,10 +20,10 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from commprof.errors import UsageError
-from commprof.strategies.base import AUTOCAST, Strategy, loss_fn, make_optimizer, trainable
-from commprof.strategies.grid import average_gradients, build_grid, degrees, replica_volume
-from commprof.strategies.partition import balanced_starts, describe, explicit_starts, param_costs, time_costs
-from commprof.strategies.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
+from commprof.parallel.grid import average_gradients, build_grid, degrees, replica_volume
+from commprof.parallel.partition import balanced_starts, describe, explicit_starts, param_costs, time_costs
+from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
+from commprof.strategies.base import AUTOCAST, StepResult, Strategy, loss_fn, make_optimizer, trainable
 
 
 def link_label(b: int) -> str:
@@ -130,7 +130,7 @@ class PipelineGPipe(Strategy):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield seen
 
-    def train_step(self, micro_batches, phases) -> float:
+    def train_step(self, micro_batches, phases, *, measure_memory: bool = False) -> StepResult:
         s, m = self.stage, len(micro_batches)
         self.m = m
         shapes = self._plan(micro_batches[0][0])
@@ -172,8 +172,8 @@ class PipelineGPipe(Strategy):
             handle.wait()
         self.micro_activation_bytes = [sizes[i] for i in sorted(sizes)]
         average_gradients(self.grid.dp_comm, self.params, self._flat)
-        self.optimizer_step(phases)
-        return total if self.last else float("nan")
+        held = self.optimizer_step(phases, measure_memory)
+        return StepResult(total if self.last else float("nan"), held)
 
     def infer(self, x: torch.Tensor) -> torch.Tensor | None:
         shapes, s = self._plan(x), self.stage

@@ -30,8 +30,8 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 
 from commprof.errors import UsageError
 from commprof.models.transformer import Block
-from commprof.strategies.base import AUTOCAST, Strategy, trainable
-from commprof.strategies.grid import average_gradients, build_grid, degrees, replica_volume
+from commprof.parallel.grid import average_gradients, build_grid, degrees, replica_volume
+from commprof.strategies.base import AUTOCAST, StepResult, Strategy, trainable
 
 
 class CopyToTP(torch.autograd.Function):
@@ -247,9 +247,9 @@ class TensorParallel(Strategy):
                 unit.forward = _full_recompute(unit.forward)
                 self._recomputed.update(id(m) for m in split)
 
-    def train_step(self, micro_batches, phases) -> float:
+    def train_step(self, micro_batches, phases, *, measure_memory: bool = False) -> StepResult:
         self._micro = [tuple(x.shape) for x, _ in micro_batches]  # what predict() counts from
-        return super().train_step(micro_batches, phases)
+        return super().train_step(micro_batches, phases, measure_memory=measure_memory)
 
     def backward_done(self, phases) -> None:
         average_gradients(self.grid.dp_comm, self.params, self._flat)

@@ -5,7 +5,7 @@
 Rank r sits at replica r // inner and model-parallel position r % inner (the model-parallel group is
 contiguous, as in Megatron-LM, so on a multi-GPU host it stays on one node). Every rank builds every
 group in the same order, which torch.distributed and MPI both require.
-Exercised by: `pytest tests/test_pipeline.py -k hybrid`.
+Exercised by: `pytest tests/test_pipeline.py tests/test_tensor.py -k hybrid`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
-from commprof.strategies.base import tensor_bytes
+from commprof.parallel.sizes import tensor_bytes
 
 
 @dataclass(frozen=True)

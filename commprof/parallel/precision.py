@@ -4,7 +4,7 @@ fp16 gradients underflow unless the loss is scaled up before backward; the scale
 produced inf/NaN (the step is skipped) and doubles after `growth_interval` clean steps. With sharded
 gradients (zero2, fsdp) each rank sees only its shard, so the "found inf" flag is all-reduced (max)
 through the Comm — 4 bytes per step, counted like any other op — and every rank skips together.
-Exercised by: `pytest tests/test_strategies.py -k fp16`.
+Exercised by: `pytest tests/test_run_cli.py -k fp16`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _imported(path: Path) -> set[str]:
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m.split(".")[0] == "commprof"}
+    return {m for m in found if m.startswith("commprof.")}  # `from commprof import x` also adds commprof.x
 
 
 @pytest.mark.parametrize("path", _modules(*LOWER), ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,7 +1,21 @@
 """commprof: a low-level communication profiler for distributed deep-learning training.
 
 `commprof bench` sweeps one collective at a time over sizes, dtypes and ranks (nccl-tests semantics)
-on gloo, NCCL or MPI (mpi4py). Every byte that crosses ranks goes through `commprof.comm`.
+on gloo, NCCL or MPI (mpi4py); `commprof run` trains with one strategy and splits every iteration into
+computation and communication. Every byte that crosses ranks goes through `commprof.comm`.
+
+Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
+
+  errors, world, measurement, flags, job   what a job is, and what every figure means
+  report/                                  tables, atomic JSON/CSV, the env block
+  profile/                                 clocks, the op log, phases, volume, NVTX, traces
+  comm/                                    the only door to the network, and how a job fails
+  data/, models/                           what is trained
+  parallel/                                grids, partitions, flat buffers, precision, schedules
+  strategies/, kernels/                    training strategies and collective algorithms, on Comm
+  launch, lifecycle                        the launcher; the job's life cycle every command runs through
+  bench/, run/                             the commands: a config, one rank's work, rank 0's report
+  cli, nsys, __main__                      the command line
 """
 
 __version__ = "0.1.0"

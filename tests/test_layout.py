@@ -1,5 +1,5 @@
-"""The layout holds: lower layers never import upper ones, and every module's "Exercised by" line names
-tests that exist. Read from the source as text and syntax trees; nothing is imported or run."""
+"""The layout holds: no module imports from a layer above its own, and every module's "Exercised by"
+line names tests that exist. Read from the source as text and syntax trees; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -10,18 +10,33 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOWER = ("errors", "world", "measurement", "flags", "job", "report", "profile", "comm", "data", "models")
-"""Packages and modules below the commands: they measure, count, name and render."""
-UPPER = ("bench", "run", "strategies", "parallel", "lifecycle", "launch", "cli", "nsys")
-"""What builds on them: commands, strategies and the job's life cycle."""
+LAYERS = (
+    ("errors", "world", "measurement", "flags", "job"),
+    ("report",),
+    ("profile",),
+    ("comm",),
+    ("data", "models"),
+    ("parallel",),
+    ("strategies", "kernels"),
+    ("launch", "lifecycle"),
+    ("bench", "run"),
+    ("cli", "nsys", "__main__"),
+)
+"""commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own
+layer or lower ones only."""
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
-def _modules(*names: str) -> list[Path]:
-    out = []
-    for name in names:
-        folder, module = ROOT / "commprof" / name, ROOT / "commprof" / f"{name}.py"
-        out += sorted(folder.rglob("*.py")) if folder.is_dir() else [module] if module.exists() else []
-    return out
+def _sources() -> list[Path]:
+    """Every module file but commprof/__init__.py (which holds only the version and the layers' list)."""
+    return sorted(p for p in [*(ROOT / "commprof").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]
+                  if p != ROOT / "commprof" / "__init__.py")
+
+
+def _layer(path: Path) -> str:
+    """The top-level name a module file belongs to: `comm` for commprof/comm/base.py, `kernels` for kernels/."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return "kernels" if parts[0] == "kernels" else parts[1]
 
 
 def _imported(path: Path) -> set[str]:
@@ -36,16 +51,21 @@ def _imported(path: Path) -> set[str]:
     return {m for m in found if m.startswith("commprof.")}  # `from commprof import x` also adds commprof.x
 
 
-@pytest.mark.parametrize("path", _modules(*LOWER), ids=lambda p: str(p.relative_to(ROOT)))
-def test_lower_layers_import_nothing_above_them(path):
-    upward = sorted(m for m in _imported(path) if m.split(".")[1] in UPPER)
-    assert not upward, f"{path.relative_to(ROOT)} imports {', '.join(upward)}"
+def test_every_module_has_a_layer():
+    assert {_layer(p) for p in _sources()} <= set(LAYER)
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_import_nothing_from_layers_above_them(path):
+    name = _layer(path)
+    upward = sorted(m for m in _imported(path) if LAYER.get(m.split(".")[1], -1) > LAYER[name])
+    assert not upward, f"{path.relative_to(ROOT)} ({name}) imports {', '.join(upward)} from a layer above it"
 
 
 def _exercised() -> list[tuple[str, str, str | None]]:
     """(module, test file, -k expression or None) for every test an "Exercised by" line names."""
     out = []
-    for path in sorted([*(ROOT / "commprof").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]):
+    for path in _sources():
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         line = " ".join(doc.split())
         at = line.find("Exercised by")

@@ -29,9 +29,9 @@ def worker(rounds: int, iters: int) -> None:
     import torch
     from mpi4py import MPI
 
-    from commprof.comm.base import P2P
     from commprof.comm.mpi_comm import MpiComm
     from commprof.errors import CommprofError
+    from commprof.measurement import P2P
     from commprof.profile.annotate import ANNOTATOR
     from commprof.profile.clock import CpuClock
 

@@ -4,8 +4,10 @@
   bus_factor   busbw = algbw × bus_factor(n), nccl-tests' factors
   prepare      buffers for one (count, dtype, op, mode) -> a Case: run(), init(), wrong()
 
-`count` is always the element count of the reported size. Adding a collective means adding one
-`prepare_*` function and one line in COLLECTIVES. Exercised by: `pytest tests/test_collectives.py`.
+`count` is always the element count of the reported size. The names, their order, split, reduces and
+the bus factors are the measurement model (commprof/measurement.py); this module adds `prepare`. Adding
+a collective means one line there and one `prepare_*` function here, in PREPARE. Exercised by:
+`pytest tests/test_data_world.py tests/test_bench_cli.py`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from commprof import measurement
 from commprof.bench import data
 
 
@@ -31,13 +34,9 @@ class Case:
 
 
 @dataclass(frozen=True)
-class Collective:
-    name: str
-    split: bool
-    """Size = world_size × per-rank count (rounded down to a multiple of world_size elements)."""
-    reduces: bool
-    """Takes a reduce op (-o)."""
-    bus_factor: Callable[[int], float]
+class Collective(measurement.CollectiveModel):
+    """A collective's model and how bench prepares one measurement of it."""
+
     prepare: Callable[..., Case]
 
 
@@ -138,25 +137,12 @@ def prepare_barrier(comm, count, dtype, op, inplace, root):
     return Case(run=comm.barrier, init=lambda: None, wrong=lambda: 0)
 
 
-def _ring_all_reduce(n: int) -> float:
-    return 2 * (n - 1) / n
+PREPARE: dict[str, Callable[..., Case]] = {
+    "all_reduce": prepare_all_reduce, "all_gather": prepare_all_gather, "reduce_scatter": prepare_reduce_scatter,
+    "broadcast": prepare_broadcast, "reduce": prepare_reduce, "all_to_all": prepare_all_to_all,
+    "sendrecv": prepare_sendrecv, "barrier": prepare_barrier,
+}
 
-
-def _ring(n: int) -> float:
-    return (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
-
-
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("all_reduce", split=False, reduces=True, bus_factor=_ring_all_reduce, prepare=prepare_all_reduce),
-    Collective("all_gather", split=True, reduces=False, bus_factor=_ring, prepare=prepare_all_gather),
-    Collective("reduce_scatter", split=True, reduces=True, bus_factor=_ring, prepare=prepare_reduce_scatter),
-    Collective("broadcast", split=False, reduces=False, bus_factor=_one, prepare=prepare_broadcast),
-    Collective("reduce", split=False, reduces=True, bus_factor=_one, prepare=prepare_reduce),
-    Collective("all_to_all", split=True, reduces=False, bus_factor=_ring, prepare=prepare_all_to_all),
-    Collective("sendrecv", split=False, reduces=False, bus_factor=_one, prepare=prepare_sendrecv),
-    Collective("barrier", split=False, reduces=False, bus_factor=_one, prepare=prepare_barrier),
-)}
+COLLECTIVES: dict[str, Collective] = {name: Collective(**vars(model), prepare=PREPARE[name])
+                                      for name, model in measurement.COLLECTIVES.items()}
+"""In the measurement model's order: the order of the sweep and of the tables."""

@@ -17,11 +17,12 @@ from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import BenchConfig
 from commprof.comm import Comm, unsupported
 from commprof.comm.dtypes import DTYPES
+from commprof.profile.recorder import NAME, NBYTES
 from commprof.profile.stats import bandwidths, summarize
 
-MODES = (False, True)
+MODES = (False, True)  # out-of-place, in-place: the order of nccl-tests' columns
 LIBRARY = kernels.LIBRARY
-SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)  # out-of-place, in-place: the order of nccl-tests' columns
+SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[
             run()
             spans.append((start, clock.now()))
         times = [clock.elapsed_ns(a, b) for a, b in spans]
-        sent = sum(nbytes for name, nbytes, *_ in recorder.ops[mark:] if name in SENDS) // cfg.iters
+        sent = sum(op[NBYTES] for op in recorder.ops[mark:] if op[NAME] in SENDS) // cfg.iters
     recorder.clear()
     return times, wrong, sent
 

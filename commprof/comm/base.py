@@ -24,11 +24,9 @@ import torch
 
 from commprof.comm.dtypes import dtype_name
 from commprof.errors import CommprofError, PeerError, PeerTimeoutError
+from commprof.measurement import P2P
 from commprof.profile.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
 from commprof.profile.recorder import OpRecorder
-
-P2P = ("send", "recv", "sendrecv")
-"""Point-to-point ops: in the flight recorder, but not counted in a group's collective seq."""
 
 __all__ = ["Comm", "Handle", "DOMAIN"]
 
@@ -180,6 +178,8 @@ class Comm:
         return Range(ANNOTATOR.label(message, "kernel"))
 
     def _log(self, entry: tuple) -> None:
+        """Append one op log entry, fields in profile/recorder.py's NAME … GROUP order: a plain tuple,
+        the cheapest append and untracked by the garbage collector (see there)."""
         self._append(entry)
         if ANNOTATOR.trace is not None:
             ANNOTATOR.trace.op(entry, self)

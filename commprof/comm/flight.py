@@ -20,10 +20,8 @@ import json
 from pathlib import Path
 
 from commprof.comm.dtypes import dtype_name
+from commprof.measurement import P2P
 from commprof.report.units import format_bytes
-
-P2P = ("send", "recv", "sendrecv")
-"""Not compared across ranks: a stage sends what its neighbour receives, sizes may differ per rank."""
 
 
 def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:

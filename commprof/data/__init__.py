@@ -22,11 +22,10 @@ from commprof.data.synthetic_image import SyntheticImage
 from commprof.data.synthetic_text import SyntheticText
 from commprof.data.text import open_text
 from commprof.errors import UsageError
+from commprof.measurement import SOURCES
 
 __all__ = ["Batch", "Source", "open_source", "global_indices", "shard", "steps_per_epoch", "SOURCES", "TASKS"]
 
-SOURCES = ("synthetic", "mnist", "cifar10", "cifar100", "text")
-"""Names open_source accepts."""
 TASKS = ("classify", "lm", "mlm")
 """classify: images and classes; lm: next-token prediction; mlm: masked-token prediction."""
 

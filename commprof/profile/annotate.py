@@ -27,6 +27,7 @@ from typing import NamedTuple
 import nvtx
 from nvtx._lib.lib import Domain, DomainHandle, DummyDomain
 
+from commprof.measurement import BUBBLE_P2P
 from commprof.report.units import format_bytes
 
 DOMAIN = "commprof"
@@ -46,7 +47,6 @@ COLORS = {
 PHASE_CATEGORY = {"data": "data", "step": "optimizer"}
 """Phases outside `compute` (forward, backward, recompute and anything else are compute)."""
 
-P2P = ("send", "recv")
 MEASURED = "measured"
 """The range around what is measured; `commprof nsys` captures exactly it."""
 
@@ -69,7 +69,7 @@ def op_message(name: str, nbytes: int, dtype_name: str | None, group: str) -> st
 
 def op_category(name: str, group: str) -> str:
     """A pipeline's send/recv is bubble (its stage is idle on a neighbour); every other op is comm."""
-    return "bubble" if name in P2P and group.startswith("pp") else "comm"
+    return "bubble" if name in BUBBLE_P2P and group.startswith("pp") else "comm"
 
 
 def phase_category(name: str) -> str:

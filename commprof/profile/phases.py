@@ -29,12 +29,12 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from commprof.measurement import BUBBLE_P2P
 from commprof.profile.annotate import ANNOTATOR, phase_category
+from commprof.profile.recorder import END, GROUP, HOST, NAME, START, restamped
 
 COMPUTE = ("forward", "backward", "step", "recompute")
 """Phases whose time is computation; "data" is timed and reported on its own."""
-P2P = ("send", "recv")
-"""Ops whose blocked time is pipeline bubble rather than exposed communication."""
 
 
 class Breakdown(NamedTuple):
@@ -104,20 +104,20 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
 
     `waits` None (GPU): the training stream never blocks the host on comm, so exposed comm is the part
     of comm that no compute covers; blocking (stream-ordered) ops still do not count as compute."""
-    comm = union([(op[3], op[4]) for op in ops])
-    stream_blocked = [(op[0], op[3], op[4]) for op in ops if not op[5]]
+    comm = union([(op[START], op[END]) for op in ops])
+    stream_blocked = [(op[NAME], op[START], op[END]) for op in ops if not op[HOST]]
     blocked_all = stream_blocked + list(waits or ())
     blocked = union([(a, b) for _, a, b in blocked_all])
-    bubble = union([(a, b) for name, a, b in blocked_all if name in P2P])
+    bubble = union([(a, b) for name, a, b in blocked_all if name in BUBBLE_P2P])
     compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
     data = union([(a, b) for name, a, b in phases if name == "data"])
     exposed = subtract(blocked, bubble) if waits is not None else subtract(subtract(comm, compute), bubble)
     edges = [(a, b) for name, a, b in phases if name in ("forward", "backward")]
-    edges += [(op[3], op[4]) for op in ops if op[0] in P2P]
+    edges += [(op[START], op[END]) for op in ops if op[NAME] in BUBBLE_P2P]
     schedule = max(b for _, b in edges) - min(a for a, _ in edges) if edges else 0
     groups = {}
-    for label in sorted({op[6] for op in ops}):
-        groups[label] = length(union([(op[3], op[4]) for op in ops if op[6] == label]))
+    for label in sorted({op[GROUP] for op in ops}):
+        groups[label] = length(union([(op[START], op[END]) for op in ops if op[GROUP] == label]))
     return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
                      comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
                      exposed_comm_ns=length(exposed), bubble_ns=length(bubble), comm_by_group_ns=groups,
@@ -175,7 +175,7 @@ class Phases:
             return round(first.elapsed_time(event) * 1e6)
 
         spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
-        ops = [(n, b, g, ns(s), ns(e), False, lbl) for n, b, g, s, e, _, lbl in ops]
+        ops = [restamped(op, ns(op[START]), ns(op[END]), False) for op in ops]
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 
     def ops(self) -> list[tuple]:

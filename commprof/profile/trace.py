@@ -26,10 +26,13 @@ import time
 import zlib
 from pathlib import Path
 
+from commprof.measurement import COLLECTIVES, P2P
 from commprof.profile.annotate import ANNOTATOR
 from commprof.profile.gpu_trace import StreamSpans
+from commprof.profile.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "barrier")
+FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
+"""Ops whose spans on every member of their group are joined by flow arrows: the collectives."""
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
 FLUSH_NS = 200_000_000
@@ -121,8 +124,8 @@ class TraceRecorder:
     def op(self, entry: tuple, comm) -> None:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
         with self._lock:
-            if self.gpu is not None and comm.clock.kind == "cuda" and not entry[5]:
-                self.gpu.pending.append((("op", entry, comm.rank), entry[3], entry[4]))
+            if self.gpu is not None and comm.clock.kind == "cuda" and not entry[HOST]:
+                self.gpu.pending.append((("op", entry, comm.rank), entry[START], entry[END]))
             else:
                 self._buf.append(("op", entry, comm.rank, comm.clock))
 
@@ -160,7 +163,7 @@ class TraceRecorder:
         for what, t0, t1 in streamed:
             if what[0] == "op":
                 _, entry, group_rank = what
-                tid = self._thread(f"stream: comm ({entry[6]})")
+                tid = self._thread(f"stream: comm ({entry[GROUP]})")
                 self._op_span(entry, group_rank, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
             else:
                 label = what[1]
@@ -183,22 +186,21 @@ class TraceRecorder:
         return hit
 
     def _op_events(self, entry: tuple, group_rank: int, clock, spans: list, out: list) -> None:
-        name, nbytes, size, start, end, host, group = entry
-        if clock.kind == "cuda" and not host:
+        if clock.kind == "cuda" and not entry[HOST]:
             return  # CUDA-event stamps, with no stream spans to place them on
-        self._op_span(entry, group_rank, self._thread(f"comm ({group})"), self._us(start), (end - start) / 1e3,
-                      spans, out)
+        self._op_span(entry, group_rank, self._thread(f"comm ({entry[GROUP]})"), self._us(entry[START]),
+                      (entry[END] - entry[START]) / 1e3, spans, out)
 
     def _op_span(self, entry: tuple, group_rank: int, tid: int, ts: float, dur: float, spans: list,
                   out: list) -> None:
-        name, nbytes, size, _, _, _, group = entry
+        name, nbytes, size, group = entry[NAME], entry[NBYTES], entry[GROUP_SIZE], entry[GROUP]
         seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
         out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.rank},"tid":{tid},'
                    f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}},\n')
         if nbytes:
             spans.append((ts, nbytes))
             spans.append((ts + dur, -nbytes))
-        if name in COLLECTIVES and size > 1:
+        if name in FLOWS and size > 1:
             phase = "s" if group_rank == 0 else ("f" if group_rank == size - 1 else "t")
             flow = zlib.crc32(f"{group}|{name}|{seq}".encode())
             # the slice's own category: Chrome's DevTools panel binds a flow only to a slice of the same cat

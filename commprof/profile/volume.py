@@ -1,27 +1,19 @@
 """Transfer volume: payload bytes handed to collectives and the wire bytes each rank sends, per op type.
 
 payload = bytes in nccl-tests' size convention, exactly as logged by Comm. wire = payload × the
-ring algorithm's per-rank send factor (nccl-tests' bus factor): all_reduce 2(n−1)/n; all_gather,
-reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1; recv 0 (the peer's send
-counts it). n is the op's group size. Per epoch = per step × steps per epoch. Ops on a subgroup are
-counted apart, under "<op> (<group>)", e.g. "all_reduce (dp)" and "send (pp)" on a 2-D grid.
-Exercised by: `pytest tests/test_phases.py -k volume`.
+ring algorithm's per-rank send factor (nccl-tests' bus factor; `wire_factor`, commprof/measurement.py):
+all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1;
+recv 0 (the peer's send counts it). n is the op's group size. Per epoch = per step × steps per epoch.
+Ops on a subgroup are counted apart, under "<op> (<group>)", e.g. "all_reduce (dp)" and "send (pp)" on
+a 2-D grid. Exercised by: `pytest tests/test_phases.py -k volume`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from commprof.bench.collectives import COLLECTIVES
-
-
-def wire_factor(name: str, n: int) -> float:
-    """Bytes one rank sends per payload byte under the ring algorithms."""
-    if name == "recv" or n <= 1:
-        return 0.0
-    if name == "send":
-        return 1.0
-    return COLLECTIVES[name].bus_factor(n)
+from commprof.measurement import wire_factor
+from commprof.profile.recorder import GROUP, GROUP_SIZE, NAME, NBYTES
 
 
 def op_key(name: str, group: str) -> str:
@@ -38,11 +30,11 @@ def split_key(key: str) -> tuple[str, str]:
 def step_volume(ops: list[tuple]) -> dict[str, dict[str, float]]:
     """Op log entries of one step -> {op key: {"calls", "payload_bytes", "wire_bytes"}}."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
-    for name, nbytes, n, _, _, _, group in ops:
-        entry = out[op_key(name, group)]
+    for op in ops:
+        entry = out[op_key(op[NAME], op[GROUP])]
         entry["calls"] += 1
-        entry["payload_bytes"] += nbytes
-        entry["wire_bytes"] += nbytes * wire_factor(name, n)
+        entry["payload_bytes"] += op[NBYTES]
+        entry["wire_bytes"] += op[NBYTES] * wire_factor(op[NAME], op[GROUP_SIZE])
     return dict(out)
 
 

@@ -1,0 +1,82 @@
+"""The measurement model: which ops commprof measures, how their bytes count, and the names every layer
+checks against — one low-level module, so the profiler, the comm layer and the reports share it without
+reaching into `commprof bench` or `commprof run`.
+
+  COLLECTIVES   every collective by its torch.distributed name, in the order `commprof bench` sweeps and
+                reports them, with nccl-tests' size convention (split) and bus factor
+  wire_factor   bytes one rank sends per payload byte: the volume tables' wire bytes
+  P2P           every point-to-point op name the op log holds (never a group's collective)
+  BUBBLE_P2P    the point-to-point ops whose blocked time is pipeline bubble
+  SOURCES       the data source names `--data` takes
+
+Imports nothing from commprof. Exercised by: `pytest tests/test_units_stats.py tests/test_phases.py
+-k "bus_factors or wire_factors"`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _ring_all_reduce(n: int) -> float:
+    return 2 * (n - 1) / n
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveModel:
+    """How one collective's size and bandwidth are counted (nccl-tests' conventions)."""
+
+    name: str
+    split: bool
+    """Size = world_size × per-rank count (rounded down to a multiple of world_size elements)."""
+    reduces: bool
+    """Takes a reduce op (-o)."""
+    bus_factor: Callable[[int], float]
+    """busbw = algbw × bus_factor(n) for a group of n ranks."""
+
+
+COLLECTIVES: dict[str, CollectiveModel] = {c.name: c for c in (
+    CollectiveModel("all_reduce", split=False, reduces=True, bus_factor=_ring_all_reduce),
+    CollectiveModel("all_gather", split=True, reduces=False, bus_factor=_ring),
+    CollectiveModel("reduce_scatter", split=True, reduces=True, bus_factor=_ring),
+    CollectiveModel("broadcast", split=False, reduces=False, bus_factor=_one),
+    CollectiveModel("reduce", split=False, reduces=True, bus_factor=_one),
+    CollectiveModel("all_to_all", split=True, reduces=False, bus_factor=_ring),
+    CollectiveModel("sendrecv", split=False, reduces=False, bus_factor=_one),
+    CollectiveModel("barrier", split=False, reduces=False, bus_factor=_one),
+)}
+"""What `commprof bench` measures, in its order; sendrecv is its point-to-point row (one ring step)."""
+
+P2P = ("send", "recv", "sendrecv")
+"""Point-to-point op names as the op log and the flight ring hold them (isend/irecv log as send/recv).
+They do not advance a group's collective seq and are never compared across ranks (comm/base.py,
+comm/flight.py): a stage sends what its neighbour receives. Every other logged op is a collective of
+its group."""
+
+BUBBLE_P2P = ("send", "recv")
+"""The point-to-point ops a pipeline's stages exchange activations with: time blocked in them is bubble
+(the stage idles on its neighbour), not exposed communication (profile/phases.py), and their NVTX
+category on a pipeline group is `bubble` (profile/annotate.py). sendrecv is not among them: only bench's
+sendrecv row and the exchange steps of hand-written algorithms use it, and that time is communication."""
+
+SOURCES = ("synthetic", "mnist", "cifar10", "cifar100", "text")
+"""Data source names: what `commprof.data.open_source` accepts and `commprof run --data` takes."""
+
+
+def wire_factor(name: str, n: int) -> float:
+    """Bytes one rank sends per payload byte under the ring algorithms, in a group of n ranks:
+    nccl-tests' bus factor; send 1, recv 0 (the peer's send counts it); 0 in a group of one."""
+    if name == "recv" or n <= 1:
+        return 0.0
+    if name == "send":
+        return 1.0
+    return COLLECTIVES[name].bus_factor(n)

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads (c10 reads it once): c10d warns with a C++ stack when a rank's control-plane
+    # client finds rank 0's store gone — after a failure the job reports in one line of its own, under
+    # commprof's launcher, mpiexec or torchrun alike.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv

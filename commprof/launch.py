@@ -56,9 +56,6 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, j
     # Large CPU buffers on huge pages, as NumPy gets them: otherwise a 16 MiB MPI op on a torch
     # buffer measures TLB misses (4.5-5 ms against 2.8-3.2 ms here), not the transport.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    # c10d warns with a C++ stack when a rank's control-plane client finds rank 0's store gone — after
-    # a failure the job reports in one line of its own
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     folder = Path(tempfile.mkdtemp(prefix="commprof-job-"))
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]

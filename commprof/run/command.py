@@ -21,9 +21,9 @@ from rich.console import Console
 
 from commprof import flags, lifecycle
 from commprof.comm import BACKENDS, default_backend, require_cuda
-from commprof.data import SOURCES as DATA
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
+from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
 from commprof.parallel.grid import degrees
 from commprof.parallel.partition import BALANCE

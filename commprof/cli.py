@@ -11,6 +11,7 @@ Exit codes: 0 success, 1 wrong results or a backend failure, 2 bad input or an u
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -32,17 +33,26 @@ class _Parser(argparse.ArgumentParser):
         return namespace, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from commprof import nsys
-    from commprof.bench import command as bench
-    from commprof.run import command as run
+COMMANDS = {
+    "bench": ("commprof.bench.command", "sweep collectives over sizes (nccl-tests semantics)"),
+    "run": ("commprof.run.command", "profile one training strategy: compute/comm split and volume"),
+    "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
+}
+"""Each subcommand: the module whose `add_parser(subparsers, help)` registers its flags, and its help line."""
 
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with `only` set, the flags of that subcommand alone: the others are names
+    and help lines, so `commprof --help` and every command load no module they do not use (torch takes
+    seconds to import). `only=""` registers no subcommand's flags."""
     parser = _Parser(prog="commprof", description="Low-level communication profiler for distributed training.")
     parser.add_argument("--version", action="version", version=f"commprof {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    bench.add_parser(subparsers)
-    run.add_parser(subparsers)
-    nsys.add_parser(subparsers)
+    for name, (module, help) in COMMANDS.items():
+        if only is None or only == name:
+            importlib.import_module(module).add_parser(subparsers, help)
+        else:
+            subparsers.add_parser(name, help=help)
     return parser
 
 
@@ -52,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     # commprof's launcher, mpiexec or torchrun alike.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
+    args = build_parser(chosen if chosen in COMMANDS else "").parse_args(argv)
     args.argv = argv
     return call(args.func, args)
 

@@ -37,8 +37,8 @@ from commprof.strategies import STRATEGIES
 from commprof.world import World
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("run", help="profile one training strategy: compute/comm split and volume",
+def add_parser(subparsers, help: str) -> None:
+    p = subparsers.add_parser("run", help=help,
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategy", default="ddp", help=f"{', '.join(STRATEGIES)} (default ddp)")
     p.add_argument("--model", default="mnist-cnn", help="see --list-models (default mnist-cnn)")

@@ -1,0 +1,28 @@
+"""Start-up: `commprof --help` loads no subcommand's modules — no torch, no MPI — and each subcommand
+still registers all of its flags when named. Measured in benchmarks/startup.py."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _imports(*argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "commprof", *argv], capture_output=True,
+                          text=True, timeout=120)
+    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return proc, modules
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["bnch"]])
+def test_the_top_level_imports_no_torch(argv):
+    proc, modules = _imports(*argv)
+    assert proc.returncode == (2 if argv == ["bnch"] else 0), proc.stderr[-2000:]
+    assert modules and not {m for m in modules if m.split(".")[0] in ("torch", "torchvision", "mpi4py", "numpy")}
+    assert not {m for m in modules if m.startswith(("commprof.bench", "commprof.run", "commprof.comm"))}
+
+
+def test_a_named_subcommand_registers_its_flags():
+    proc, modules = _imports("bench", "--help")
+    assert proc.returncode == 0 and "--stepfactor" in proc.stdout and "commprof.bench.runner" in modules
+    assert not {m for m in modules if m.startswith("commprof.run")}

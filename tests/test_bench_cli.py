@@ -29,6 +29,7 @@ def test_sweep_every_collective(tmp_path, backend, nproc):
     assert (env["backend"], env["world_size"], env["clock"]) == (backend, nproc, "cpu")
     assert env["oversubscribed"] == (nproc > 2) or env["slots_per_host"] != 2
     assert len(env["devices"]) == nproc and env["hosts"]
+    assert env.get("mpi_thread_level") == ("funneled" if backend == "mpi" else None)  # MPICH locks under multiple
     results = doc["results"]
     assert {r["collective"] for r in results} == set(COLLECTIVES)
     for rec in results:
@@ -102,3 +103,11 @@ def test_missing_peer_at_rendezvous_times_out():
     assert lines and lines[-1].startswith(f"commprof: error: rank 0: rendezvous at 127.0.0.1:{port}"), proc.stderr
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
+
+
+def test_mpi_thread_level_follows_mpi4pys_variable(tmp_path):
+    out = tmp_path / "r.json"
+    proc = commprof("bench", "broadcast", "--backend", "mpi", "--nproc", "2", "-b", "8", "-e", "8", "-n", "1",
+                    "-w", "0", "--json", str(out), env=env_for_tests(MPI4PY_RC_THREAD_LEVEL="multiple"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["env"]["mpi_thread_level"] == "multiple"

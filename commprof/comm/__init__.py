@@ -127,9 +127,20 @@ def _mpi_control(world: World) -> ControlPlane:
     return control
 
 
+MPI_THREAD_LEVEL = "funneled"
+"""The thread level commprof initialises MPI with: only the main thread calls MPI (the watchdog and the
+trace speak over the control plane), and MPICH locks every call only under `multiple` — mpi4py's own
+default, ~2–3 µs a call here (benchmarks/vs_c.py). MPI4PY_RC_THREAD_LEVEL=multiple (mpi4py's variable)
+chooses another, for a script that calls MPI from its own threads; the env block records the level."""
+
 def import_mpi():
-    """mpi4py's MPI module, or a clear error when no MPI library can be loaded."""
+    """mpi4py's MPI module — initialising MPI at MPI_THREAD_LEVEL unless MPI4PY_RC_THREAD_LEVEL says
+    otherwise — or a clear error when no MPI library can be loaded."""
     try:
+        import mpi4py
+
+        if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
+            mpi4py.rc.thread_level = MPI_THREAD_LEVEL  # read by the first import of mpi4py.MPI
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:
         raise UsageError(f"no usable MPI library ({str(exc).splitlines()[0]}): install one, e.g. "

@@ -63,4 +63,6 @@ def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_
         from mpi4py import MPI
 
         env["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+        levels = ("single", "funneled", "serialized", "multiple")  # MPI.THREAD_SINGLE … THREAD_MULTIPLE
+        env["mpi_thread_level"] = levels[MPI.Query_thread()]
     return env

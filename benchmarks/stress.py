@@ -1,4 +1,4 @@
-"""Exit stress: run whole `commprof` MPI jobs many times and count the ones that did not exit 0.
+"""Exit stress: run whole `commprof` jobs (MPI and gloo) many times and count the ones that did not exit 0.
 
 A profiler that crashes at exit one run in fifty fails a CI run in three; this counts such failures
 over many complete jobs, each a fresh set of processes, and keeps the stderr of every failed one.
@@ -12,6 +12,7 @@ Cases (cycled in order until --runs jobs have run):
   bench4-algo
   run2         commprof run --backend mpi --nproc 2 --strategy mpi-dp --steps 4
   run3         commprof run --backend mpi --nproc 3 --strategy ddp --steps 4
+  run3-gloo    commprof run --backend gloo --nproc 3 --strategy fsdp --steps 4 (gloo's worker threads)
 
 --parallel jobs run at once, oversubscribing the cores on purpose: exit-order races show up under load.
 The table gives runs and failures per case; --json keeps every failure's exit code and stderr tail.
@@ -37,6 +38,8 @@ CASES = {
              "--eval-samples", "0", "--timeout", "120"],
     "run3": ["run", "--backend", "mpi", "--nproc", "3", "--strategy", "ddp", "--steps", "4",
              "--eval-samples", "0", "--timeout", "120"],
+    "run3-gloo": ["run", "--backend", "gloo", "--nproc", "3", "--strategy", "fsdp", "--steps", "4",
+                  "--eval-samples", "0", "--timeout", "120"],
 }
 JOB_TIMEOUT_S = 600
 

@@ -6,7 +6,8 @@ computation and communication. Every byte that crosses ranks goes through `commp
 
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
-  errors, world, measurement, flags, job   what a job is, and what every figure means
+  errors, world, measurement, backends,    what a job is, what every figure means, what each backend
+  flags, job                               can run (named before any rank loads torch)
   report/                                  tables, atomic JSON/CSV, the env block
   profile/                                 clocks, the op log, phases, volume, NVTX, traces
   comm/                                    the only door to the network, and how a job fails

@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
     args = build_parser(chosen if chosen in COMMANDS else "").parse_args(argv)
     args.argv = argv
-    return call(args.func, args)
+    code = call(args.func, args)
+    comm = sys.modules.get("commprof.comm")
+    if comm is not None and comm.joined():  # a rank: its Comm is closed, its files written
+        comm.end_process(code)
+    return code
 
 
 def call(func, args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from commprof import job
-from commprof.comm import YIELD_ENV, free_port
+from commprof.backends import YIELD_ENV, free_port
 from commprof.errors import UsageError
 from commprof.world import usable_cores
 

@@ -16,19 +16,18 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
-
-import torch
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from commprof import launch
-from commprof.comm import init_comm, slots
-from commprof.comm.watchdog import Watchdog
+from commprof.backends import slots
 from commprof.errors import UsageError
-from commprof.profile import trace
-from commprof.report.env import local_env, merge_env
 from commprof.report.files import Outputs
 from commprof.world import World, discover, usable_cores
+
+if TYPE_CHECKING:
+    import torch
+
+    from commprof.comm.watchdog import Watchdog
 
 
 class Config(Protocol):
@@ -115,6 +114,15 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     ranks this host runs without oversubscribing."""
     if cfg.backend == "nccl" and world.local_world_size > have:
         raise UsageError(f"nccl needs one GPU per rank: {world.local_world_size} ranks per host, {have} GPU(s)")
+    # A rank's imports, here rather than at the top: the launcher never loads torch (seconds) or MPI.
+    import torch
+    from rich.console import Console
+
+    from commprof.comm import init_comm
+    from commprof.comm.watchdog import Watchdog
+    from commprof.profile import trace
+    from commprof.report.env import local_env, merge_env
+
     over = world.local_world_size > have
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     comm = None
@@ -151,6 +159,8 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
 
 
 def _device(backend: str, world: World) -> torch.device:
+    import torch
+
     if backend == "nccl":
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)

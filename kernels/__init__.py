@@ -19,54 +19,70 @@ the per-rank chunk for all_gather, reduce_scatter and all_to_all. Installed as t
 
 from __future__ import annotations
 
+import importlib
 from functools import partial
 from types import ModuleType
 
-from . import (all_gather_bruck, all_gather_recursive_doubling, all_gather_ring, all_reduce_binary_tree,
-               all_reduce_rabenseifner, all_reduce_recursive_doubling, all_reduce_ring, all_to_all_pairwise,
-               broadcast_binomial_tree, broadcast_chain, reduce_scatter_recursive_halving, reduce_scatter_ring)
-from .common import unsupported
-
-__all__ = ["ALGORITHMS", "LIBRARY", "names", "find", "modes", "bind", "unsupported"]
+__all__ = ["ALGORITHMS", "CATALOG", "LIBRARY", "names", "implements", "find", "modes", "bind", "unsupported"]
 
 LIBRARY = "library"
 """The backend's own collective (`--algo library`, the default)."""
 
-ALGORITHMS: dict[str, dict[str, ModuleType]] = {
+CATALOG: dict[str, dict[str, str]] = {
     "all_reduce": {
-        "ring": all_reduce_ring,
-        "recursive_doubling": all_reduce_recursive_doubling,
-        "rabenseifner": all_reduce_rabenseifner,
-        "binary_tree": all_reduce_binary_tree,
+        "ring": "all_reduce_ring",
+        "recursive_doubling": "all_reduce_recursive_doubling",
+        "rabenseifner": "all_reduce_rabenseifner",
+        "binary_tree": "all_reduce_binary_tree",
     },
     "all_gather": {
-        "ring": all_gather_ring,
-        "recursive_doubling": all_gather_recursive_doubling,
-        "bruck": all_gather_bruck,
+        "ring": "all_gather_ring",
+        "recursive_doubling": "all_gather_recursive_doubling",
+        "bruck": "all_gather_bruck",
     },
     "reduce_scatter": {
-        "ring": reduce_scatter_ring,
-        "recursive_halving": reduce_scatter_recursive_halving,
+        "ring": "reduce_scatter_ring",
+        "recursive_halving": "reduce_scatter_recursive_halving",
     },
     "broadcast": {
-        "binomial_tree": broadcast_binomial_tree,
-        "chain": broadcast_chain,
+        "binomial_tree": "broadcast_binomial_tree",
+        "chain": "broadcast_chain",
     },
     "all_to_all": {
-        "pairwise": all_to_all_pairwise,
+        "pairwise": "all_to_all_pairwise",
     },
 }
-"""Collective -> algorithm name -> module."""
+"""Collective -> algorithm name -> module name: what the launcher checks --algo against, before any rank
+loads torch and the modules themselves."""
+
+
+def __getattr__(name: str):
+    if name == "ALGORITHMS":  # collective -> algorithm name -> module, loaded when first asked for
+        return {c: {a: find(c, a) for a in by_name} for c, by_name in CATALOG.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def names() -> list[str]:
-    """Every algorithm name, each once, in ALGORITHMS order."""
-    return list(dict.fromkeys(name for by_name in ALGORITHMS.values() for name in by_name))
+    """Every algorithm name, each once, in CATALOG order."""
+    return list(dict.fromkeys(name for by_name in CATALOG.values() for name in by_name))
+
+
+def implements(collective: str, name: str) -> bool:
+    """Whether algorithm `name` implements `collective`."""
+    return name in CATALOG.get(collective, {})
 
 
 def find(collective: str, name: str) -> ModuleType | None:
     """The module implementing `collective` as `name`, or None."""
-    return ALGORITHMS.get(collective, {}).get(name)
+    module = CATALOG.get(collective, {}).get(name)
+    return importlib.import_module(f"{__name__}.{module}") if module else None
+
+
+def unsupported(dtype: str, op: str | None) -> str | None:
+    """Why the hand-written algorithms cannot reduce `dtype` (a name) with `op`, or None."""
+    if op == "avg" and not dtype.startswith(("float", "bfloat")):
+        return "avg of integers has no single rounding rule"
+    return None
 
 
 def modes(module: ModuleType) -> tuple[bool, ...]:

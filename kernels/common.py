@@ -21,13 +21,6 @@ _COMBINE = {
 }
 
 
-def unsupported(dtype: torch.dtype, op: str | None) -> str | None:
-    """Why the hand-written algorithms cannot reduce `dtype` with `op`, or None."""
-    if op == "avg" and not dtype.is_floating_point:
-        return "avg of integers has no single rounding rule"
-    return None
-
-
 def combine(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
     """out = a (op) b, elementwise; `out` may alias `a` or `b`."""
     _COMBINE[op](a, b, out=out)

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from commprof.comm import init_comm
+from commprof.comm import end_process, init_comm
 from commprof.run.calibrated import calibrated_bubble
 from commprof.world import discover
 
@@ -32,4 +32,4 @@ def main(spec: dict) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(json.loads(sys.argv[1])))
+    end_process(main(json.loads(sys.argv[1])))  # not sys.exit: see commprof.comm.end_process

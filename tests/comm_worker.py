@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from commprof.comm import init_comm
+from commprof.comm import end_process, init_comm
 from commprof.world import discover
 
 
@@ -91,4 +91,4 @@ def main(backend: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    end_process(main(sys.argv[1]) or 0)  # not sys.exit: see commprof.comm.end_process

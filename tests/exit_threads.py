@@ -1,20 +1,27 @@
 """A rank wrapper (COMMPROF_RANK_WRAPPER) for tests/test_failures.py: runs one commprof rank in this
-process, then prints the Python threads still alive as the interpreter is about to finalize. A thread
-inside a torch call then (pytorch issue 38228) ends the process with "terminate called without an
-active exception": commprof must have ended all of its own by then."""
+process and prints the Python threads still alive as the rank ends. A rank ends through
+commprof.comm.end_process (os._exit, after its Comm is closed), so this wraps os._exit: commprof must
+have ended all of its own threads by then — the watchdog's, the trace's — or they would be cut off
+mid-write."""
 
 import os
 import runpy
 import sys
 import threading
 
+_exit = os._exit
+
+
+def _report_and_exit(code: int) -> None:
+    alive = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    print(f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}", flush=True)
+    _exit(code)
+
+
+os._exit = _report_and_exit
 # the launcher puts this in front of its rank command: PYTHON -m commprof ARGS...
 sys.argv = ["commprof", *sys.argv[sys.argv.index("commprof") + 1:]]
-code = 0
 try:
     runpy.run_module("commprof", run_name="__main__")
-except SystemExit as exc:
-    code = exc.code
-alive = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-print(f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}", flush=True)
-sys.exit(code)
+except SystemExit as exc:  # a rank that never joined a job ends the usual way
+    _report_and_exit(exc.code if isinstance(exc.code, int) else 1)

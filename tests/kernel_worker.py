@@ -13,7 +13,7 @@ import torch
 
 from commprof import kernels
 from commprof.bench.collectives import COLLECTIVES
-from commprof.comm import init_comm, unsupported
+from commprof.comm import end_process, init_comm, unsupported
 from commprof.comm.dtypes import DTYPES
 from commprof.world import discover
 
@@ -46,7 +46,7 @@ def check_case(comm, module, dtype, op, count, inplace, root, failures) -> None:
     wrong = case.wrong()
     if wrong:
         failures.append(f"{where}: {wrong} element(s) differ from the closed form")
-    if unsupported(comm.backend, module.COLLECTIVE, DTYPES[dtype], op, inplace) is None:
+    if unsupported(comm.backend, module.COLLECTIVE, dtype, op, inplace) is None:
         lib = coll.prepare(comm, count, DTYPES[dtype], op or "sum", inplace, root)
         lib.init()
         lib.run()
@@ -98,7 +98,7 @@ def main(backend: str, only: list[str]) -> int:
             for dtype in kernels_dtypes():
                 ops = (ALL_OPS if dtype in ("float32", "int32") else ("sum",)) if coll.reduces else (None,)
                 for op in ops:
-                    if op and kernels.unsupported(DTYPES[dtype], op):
+                    if op and kernels.unsupported(dtype, op):
                         continue
                     for count in counts(collective, n):
                         for inplace in kernels.modes(module):
@@ -116,4 +116,4 @@ def kernels_dtypes() -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2:]))
+    end_process(main(sys.argv[1], sys.argv[2:]))  # not sys.exit: see commprof.comm.end_process

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from commprof.comm import init_comm
+from commprof.comm import end_process, init_comm
 from commprof.profile.phases import Phases
 from commprof.world import discover
 
@@ -90,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end_process(main() or 0)  # not sys.exit: see commprof.comm.end_process

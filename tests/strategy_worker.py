@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from commprof.comm import init_comm
+from commprof.comm import end_process, init_comm
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
 from commprof.run.results import mean_volume
@@ -60,4 +60,4 @@ def main(spec: dict) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(json.loads(sys.argv[1])))
+    end_process(main(json.loads(sys.argv[1])))  # not sys.exit: see commprof.comm.end_process

@@ -208,6 +208,20 @@ def test_ctrl_c_of_the_launcher_ends_the_ranks_with_valid_files(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_a_rank_ends_through_end_process_with_its_output_and_code(backend):
+    # torch keeps gloo's threads alive past destroy_process_group once torch._dynamo is loaded (an SGD
+    # optimizer loads it); a rank therefore ends without the interpreter's finalization, in which a gloo
+    # thread freeing a finished work aborts the process (commprof.comm.end_process)
+    script = ("import torch; from commprof.comm import end_process, init_comm; from commprof.world import discover; "
+              f"comm = init_comm(discover(), backend={backend!r}, timeout_s=10); "
+              "torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1); comm.all_reduce(torch.ones(2)); "
+              "comm.close(); print('written', end=''); end_process(7)")
+    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (7, "written"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_ranks_end_with_no_thread_of_their_own_left(backend):
     wrapper = f"{sys.executable} {Path(__file__).with_name('exit_threads.py')}"
     proc = commprof("bench", "all_reduce", "--backend", backend, "--nproc", "2", *SMALL,

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
-    ("errors", "world", "measurement", "flags", "job"),
+    ("errors", "world", "measurement", "backends", "flags", "job"),
     ("report",),
     ("profile",),
     ("comm",),

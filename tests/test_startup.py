@@ -24,5 +24,18 @@ def test_the_top_level_imports_no_torch(argv):
 
 def test_a_named_subcommand_registers_its_flags():
     proc, modules = _imports("bench", "--help")
-    assert proc.returncode == 0 and "--stepfactor" in proc.stdout and "commprof.bench.runner" in modules
+    assert proc.returncode == 0 and "--stepfactor" in proc.stdout and "commprof.bench.config" in modules
     assert not {m for m in modules if m.startswith("commprof.run")}
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "all_reduce", "--backend", "mpi", "--nproc", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"],
+    ["run", "--strategy", "ddp", "--backend", "gloo", "--nproc", "2", "--steps", "2", "--warmup", "1",
+     "--eval-samples", "0"],
+], ids=["bench-mpi", "run-gloo"])
+def test_the_launcher_loads_no_torch_before_its_ranks(argv):
+    # -X importtime is the launcher's own: the ranks it starts print no import lines
+    proc, modules = _imports(*argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "commprof.lifecycle" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("torch", "torchvision", "mpi4py", "numpy")}

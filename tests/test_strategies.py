@@ -57,3 +57,11 @@ def test_mpi_dp_and_ddp_over_mpi():
     mpi_dp = rows[0]
     assert mpi_dp["measured"] == {"all_reduce": 21840 * 4}
     assert all(r["max_abs_diff"] <= 2e-5 for r in rows)
+
+
+def test_the_catalog_agrees_with_every_strategy_class():
+    from commprof.strategies import CATALOG, STRATEGIES
+
+    for name, entry in CATALOG.items():
+        cls = STRATEGIES[name]
+        assert (cls.name, cls.backends, cls.model_parallel) == (name, entry.backends, entry.model_parallel)

@@ -18,14 +18,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commprof import flags, kernels, lifecycle
-from commprof.bench.collectives import COLLECTIVES
-from commprof.bench.config import BenchConfig
-from commprof.bench.runner import MODES, plan, sweep
-from commprof.comm import BACKENDS, default_backend, require_cuda, unsupported
-from commprof.comm.dtypes import DTYPES, REDUCE_OPS, dtype_name, parse_dtypes, parse_ops
+from commprof.backends import (BACKENDS, DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops,
+                               require_cuda, unsupported)
+from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
-from commprof.profile.annotate import ANNOTATOR, MEASURED
+from commprof.measurement import COLLECTIVES
 from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.table import avg_busbw, bench_table, header
@@ -84,11 +82,11 @@ def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
             raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
     if kernels.LIBRARY in algos:
         return args.collectives or list(COLLECTIVES)
-    has = {c for c, by_name in kernels.ALGORITHMS.items() for a in algos if a in by_name}
+    has = {c for c, by_name in kernels.CATALOG.items() for a in algos if a in by_name}
     if not args.collectives:
         return [c for c in COLLECTIVES if c in has]
     for algo in algos:
-        own = [c for c, by_name in kernels.ALGORITHMS.items() if algo in by_name]
+        own = [c for c, by_name in kernels.CATALOG.items() if algo in by_name]
         if not set(own) & set(args.collectives):
             raise UsageError(f"--algo {algo} implements {', '.join(own)}, not {', '.join(args.collectives)}")
     return args.collectives
@@ -108,7 +106,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     flags.timeout(args.timeout)
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
-        dtypes=tuple(dtype_name(d) for d in parse_dtypes(args.datatype)),
+        dtypes=tuple(parse_dtypes(args.datatype)),
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
@@ -131,9 +129,9 @@ def _require_supported(cfg: BenchConfig) -> None:
             for op in cfg.ops if coll.reduces else (None,):
                 reasons = []
                 if kernels.LIBRARY in cfg.algos:
-                    reasons += [unsupported(cfg.backend, name, DTYPES[dtype], op, m) for m in MODES]
-                if any(kernels.find(name, a) for a in cfg.algos):
-                    reasons.append(kernels.unsupported(DTYPES[dtype], op))
+                    reasons += [unsupported(cfg.backend, name, dtype, op, m) for m in MODES]
+                if any(kernels.implements(name, a) for a in cfg.algos):
+                    reasons.append(kernels.unsupported(dtype, op))
                 if reasons and all(reasons):
                     raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
 
@@ -160,6 +158,9 @@ class _Bench:
     def work(cfg: BenchConfig, rank: Rank) -> int:
         """The sweep; rank 0 prints a table per collective, rewrites the files as points arrive and
         returns how many values were wrong (every rank's, as the sweep gathers them)."""
+        from commprof.bench.runner import plan, sweep  # torch: loaded by the ranks, not the launcher
+        from commprof.profile.annotate import ANNOTATOR, MEASURED
+
         the_plan = plan(cfg, rank.comm.world_size)
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
         if rank.world.rank == 0:

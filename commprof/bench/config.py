@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
 
+MODES = (False, True)
+"""Out-of-place, in-place: the order of nccl-tests' columns."""
+
 MAX_SIZES = 10_000
 """Most sizes one sweep may have: every rank plans a row per size, collective, dtype and op before
 measuring, and `-i 1 -e 1T` would otherwise fill the memory before anything runs."""

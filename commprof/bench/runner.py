@@ -11,16 +11,16 @@ from types import ModuleType
 from typing import Callable, Iterator
 
 from commprof import kernels
+from commprof.backends import unsupported
 
 from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
-from commprof.bench.config import BenchConfig
-from commprof.comm import Comm, unsupported
+from commprof.bench.config import MODES, BenchConfig
+from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.profile.recorder import NAME, NBYTES
 from commprof.profile.stats import bandwidths, summarize
 
-MODES = (False, True)  # out-of-place, in-place: the order of nccl-tests' columns
 LIBRARY = kernels.LIBRARY
 SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)
 
@@ -74,7 +74,7 @@ def plan(cfg: BenchConfig, world_size: int) -> Plan:
                 continue  # `--algo all`: this collective has no algorithm of that name
             for dtype in cfg.dtypes:
                 for op in (cfg.ops if coll.reduces else (None,)):
-                    modes, why = _modes(cfg.backend, name, module, DTYPES[dtype], op)
+                    modes, why = _modes(cfg.backend, name, module, dtype, op)
                     if not modes:
                         label = name if module is None else f"{name}/{algo}"
                         out.notes.append(f"{label} {dtype} {op or ''}: skipped, {why}".replace("  ", " "))

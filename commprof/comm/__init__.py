@@ -11,62 +11,24 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from typing import NoReturn
 
 import torch
 
 from commprof import job
+from commprof.backends import (BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots,
+                                unsupported)
 from commprof.comm import mpi_comm, torch_comm
 from commprof.comm.base import Comm, Handle
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.errors import PeerTimeoutError, UsageError
 from commprof.profile.clock import CpuClock, CudaClock
-from commprof.world import World, usable_cores
-
-BACKENDS = ("gloo", "nccl", "mpi")
-
-# Environment that makes an MPI library yield the core while it waits instead of spinning, for when
-# ranks outnumber cores: MPICH sleeps between idle polls, Open MPI yields when idle.
-YIELD_ENV = {
-    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
-    "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
-    "OMPI_MCA_mpi_yield_when_idle": "1",
-}
+from commprof.world import World
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
-           "slots", "free_port", "require_cuda"]
-
-
-def default_backend() -> str:
-    """nccl when CUDA is present, else gloo."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def slots(backend: str) -> int:
-    """How many ranks one host can run without sharing: GPUs for nccl, usable cores otherwise."""
-    if backend == "nccl":
-        return torch.cuda.device_count()
-    return usable_cores()
-
-
-def unsupported(backend: str, collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
-    """Why `backend` cannot run `collective` with this dtype/op/mode, or None when it can."""
-    if backend == "mpi":
-        return mpi_comm.unsupported(collective, dtype, op, inplace)
-    return torch_comm.unsupported(backend, collective, dtype, op, inplace)
-
-
-def require_cuda() -> None:
-    """NCCL needs a GPU: say so before any rank starts."""
-    if not torch.cuda.is_available():
-        raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+           "slots", "free_port", "require_cuda", "end_process", "joined"]
 
 
 def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False) -> Comm:
@@ -87,7 +49,37 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
     else:
         comm = _init_torch(world, backend, timeout_s)
     comm.fault = fault
+    _OPENED.append(backend)
     return comm
+
+
+_OPENED: list[str] = []
+"""The backends this process has joined a job on (init_comm), for end_process."""
+
+
+def end_process(code: int) -> NoReturn:
+    """End a process that has joined a job, skipping the interpreter's finalization — after its Comm is
+    closed and its files are written. Why: torch keeps gloo's process group alive past
+    destroy_process_group once it has imported torch._dynamo (torch.optim does), so gloo's worker threads
+    outlive the script; one that frees a finished work during finalization must take the GIL to free the
+    work's Python tensors, and a thread that takes the GIL then is ended by pthread_exit, which
+    std::terminate turns into "terminate called without an active exception" (seen as SIGABRT in 2 of 40
+    runs of tests/strategy_worker.py at 3 ranks). stdout and stderr are flushed and MPI finalized first,
+    as the interpreter's exit would have."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code if isinstance(code, int) else 1)
+
+
+def joined() -> bool:
+    """Whether this process has joined a job (and must end through end_process)."""
+    return bool(_OPENED)
 
 
 def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:

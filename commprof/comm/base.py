@@ -270,6 +270,8 @@ class Handle:
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
     def wait(self) -> None:
+        if self._work is None:  # waited on already
+            return
         comm = self._comm
         hit = comm._labels.get(("wait " + self._name, 0, None))
         if hit is None:
@@ -284,6 +286,10 @@ class Handle:
             start = time.perf_counter_ns()
             comm._wait(self._work)
             end = time.perf_counter_ns()
+            # The backend's work goes now, not with this handle: a torch Work kept past comm.close() keeps
+            # gloo's threads alive into the interpreter's exit, where the one that frees a finished work
+            # (and the Python tensors it holds) aborts the process taking the GIL.
+            self._work = None
         except CommprofError:
             raise
         except Exception as exc:  # the backend's words as one line naming the op, as for blocking ops

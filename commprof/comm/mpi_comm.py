@@ -11,26 +11,7 @@ from __future__ import annotations
 import torch
 
 from commprof.comm.base import Comm
-from commprof.comm.torch_comm import REDUCING
 from commprof.errors import UnsupportedError
-
-_NO_OUT_OF_PLACE = {"broadcast"}
-_NO_IN_PLACE = {"sendrecv"}
-
-
-def unsupported(collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
-    """Why MPI cannot run this, or None."""
-    if not inplace and collective in _NO_OUT_OF_PLACE:
-        return f"MPI has no out-of-place {collective}"
-    if inplace and collective in _NO_IN_PLACE:
-        return f"MPI has no in-place {collective} in commprof"
-    if collective in REDUCING:
-        if op == "avg":
-            return "MPI has no avg reduce op"
-        if dtype == torch.bfloat16:
-            return "MPI has no bfloat16 reductions"
-    return None
-
 
 class MpiComm(Comm):
     """An mpi4py communicator behind the Comm interface."""

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from commprof.comm.base import Comm
-from commprof.comm.dtypes import dtype_name
 from commprof.errors import UnsupportedError
 
 _OPS = {
@@ -28,24 +27,6 @@ _OPS = {
 # torch after 2.11 renamed the single-tensor collectives and warns on every call of the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-# torch.distributed's own API offers only these modes.
-_NO_OUT_OF_PLACE = {"all_reduce", "broadcast", "reduce"}
-_NO_IN_PLACE = {"all_to_all", "sendrecv"}
-REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
-
-
-def unsupported(backend: str, collective: str, dtype: torch.dtype, op: str | None, inplace: bool) -> str | None:
-    """Why torch.distributed on `backend` cannot run this, or None."""
-    if not inplace and collective in _NO_OUT_OF_PLACE:
-        return f"torch.distributed has no out-of-place {collective}"
-    if inplace and collective in _NO_IN_PLACE:
-        return f"torch.distributed has no in-place {collective}"
-    if (backend == "gloo" and collective in REDUCING and op == "avg"
-            and not dtype.is_floating_point):
-        return f"gloo has no avg reduction for {dtype_name(dtype)}"
-    return None
-
 
 class TorchComm(Comm):
     """torch.distributed process group (global or a subgroup) behind the Comm interface."""

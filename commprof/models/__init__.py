@@ -12,40 +12,51 @@ dropout. `list_models()` is what --list-models prints. Exercised by: `pytest tes
 
 from __future__ import annotations
 
-from functools import partial
-
-from torch import nn
+import importlib
+from typing import TYPE_CHECKING, Callable
 
 from commprof.errors import UsageError
-from commprof.models import bert, cnn, gpt2, vision
 from commprof.models.spec import ModelEntry, ModelSpec
 
+if TYPE_CHECKING:
+    from torch import nn
+
 __all__ = ["MODELS", "ModelEntry", "ModelSpec", "build_model", "count_parameters", "list_models"]
+
+def _lazy(module: str, *args: str, preset: str | None = None) -> Callable[..., ModelSpec]:
+    """commprof.models.<module>.build(*args, preset=<the module's preset>, …), the module (and torch)
+    imported when the model is built: checking --model loads neither."""
+    def build(**sizes) -> ModelSpec:
+        found = importlib.import_module(f"{__name__}.{module}")
+        extra = {"preset": getattr(found, preset)} if preset else {}
+        return found.build(*args, **extra, **sizes)
+    return build
+
 
 # Counts are at build_model's defaults (3×32×32 images, 10 classes; vocab 65, seq_len 64) unless the
 # line says otherwise; tests/test_models.py checks each one against the built model.
 MODELS: dict[str, ModelEntry] = {
-    "mnist-cnn": ModelEntry(cnn.build, "image",
+    "mnist-cnn": ModelEntry(_lazy("cnn"), "image",
                             "PyTorch's MNIST example CNN, 21,840 params at 1x28x28", image_size=28, in_channels=1),
-    "resnet18": ModelEntry(partial(vision.build, "resnet18"), "image",
+    "resnet18": ModelEntry(_lazy("vision", "resnet18"), "image",
                            "torchvision ResNet-18, 11,181,642 params"),
-    "mobilenet_v2": ModelEntry(partial(vision.build, "mobilenet_v2"), "image",
+    "mobilenet_v2": ModelEntry(_lazy("vision", "mobilenet_v2"), "image",
                                "torchvision MobileNetV2, 2,236,682 params"),
-    "vgg16": ModelEntry(partial(vision.build, "vgg16"), "image",
+    "vgg16": ModelEntry(_lazy("vision", "vgg16"), "image",
                         "torchvision VGG-16 (no 5th max-pool), 134,301,514 params"),
-    "alexnet": ModelEntry(partial(vision.build, "alexnet"), "image",
+    "alexnet": ModelEntry(_lazy("vision", "alexnet"), "image",
                           "torchvision AlexNet (first conv stride 1), 57,044,810 params"),
-    "densenet121": ModelEntry(partial(vision.build, "densenet121"), "image",
+    "densenet121": ModelEntry(_lazy("vision", "densenet121"), "image",
                               "torchvision DenseNet-121 (no stem max-pool), 6,964,106 params"),
-    "squeezenet1_0": ModelEntry(partial(vision.build, "squeezenet1_0"), "image",
+    "squeezenet1_0": ModelEntry(_lazy("vision", "squeezenet1_0"), "image",
                                 "torchvision SqueezeNet 1.0, 740,554 params"),
-    "gpt2": ModelEntry(partial(gpt2.build, preset=gpt2.GPT2), "text",
+    "gpt2": ModelEntry(_lazy("gpt2", preset="GPT2"), "text",
                        "GPT-2-style decoder, 12 layers x 432, 27,025,920 params"),
-    "gpt2-tiny": ModelEntry(partial(gpt2.build, preset=gpt2.GPT2_TINY), "text",
+    "gpt2-tiny": ModelEntry(_lazy("gpt2", preset="GPT2_TINY"), "text",
                             "GPT-2-style decoder, 2 layers x 32, 31,680 params (tests)"),
-    "bert": ModelEntry(partial(bert.build, preset=bert.BERT), "text",
+    "bert": ModelEntry(_lazy("bert", preset="BERT"), "text",
                        "BERT-style MLM encoder, 12 layers x 576, 48,312,065 params", masked_lm=True),
-    "bert-tiny": ModelEntry(partial(bert.build, preset=bert.BERT_TINY), "text",
+    "bert-tiny": ModelEntry(_lazy("bert", preset="BERT_TINY"), "text",
                             "BERT-style MLM encoder, 2 layers x 32, 32,865 params (tests)", masked_lm=True),
 }
 

@@ -8,9 +8,10 @@ a `ModelSpec`. Exercised by: `pytest tests/test_models.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)

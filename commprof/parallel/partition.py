@@ -11,10 +11,12 @@ the pace of its slowest stage. Exercised by: `pytest tests/test_pipeline.py -k p
 from __future__ import annotations
 
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from commprof.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 BALANCE = ("params", "time")
 """What `--balance` may equalise across stages."""
@@ -66,6 +68,8 @@ def param_costs(layers) -> list[float]:
 def time_costs(model: torch.nn.Module, layers, x: torch.Tensor, *, repeats: int = 3) -> list[float]:
     """Seconds of forward + backward per layer on input `x` (best of `repeats`). The model's buffers
     (BatchNorm running statistics) and gradients are left as they were."""
+    import torch  # here, not at the top: the launcher checks --balance without loading torch
+
     saved = {name: b.clone() for name, b in model.named_buffers()}
     costs, h = [], x
     for layer in layers:

@@ -16,11 +16,10 @@ import json
 import os
 import time
 
-import torch
 from rich.console import Console
 
 from commprof import flags, lifecycle
-from commprof.comm import BACKENDS, default_backend, require_cuda
+from commprof.backends import BACKENDS, default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import SOURCES as DATA
@@ -31,9 +30,7 @@ from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
-from commprof.run.loop import train
-from commprof.run.results import combine
-from commprof.strategies import STRATEGIES
+from commprof.strategies import CATALOG as STRATEGIES
 from commprof.world import World
 
 
@@ -117,7 +114,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.batch_size % args.grad_accum:
         raise UsageError(f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
-    parallel = getattr(strategy, "model_parallel", None)
+    parallel = strategy.model_parallel
     for flag, value, applies in (("--stages", args.pp, parallel == "pp"), ("--tp", args.tp, parallel == "tp"),
                                  ("--dp", args.dp, parallel is not None), ("--cuts", args.cuts, parallel == "pp")):
         if value is not None and not applies:
@@ -179,7 +176,7 @@ class _Run:
 
     @staticmethod
     def check_world(cfg: RunConfig, world_size: int) -> None:
-        parallel = getattr(STRATEGIES[cfg.strategy], "model_parallel", None)
+        parallel = STRATEGIES[cfg.strategy].model_parallel
         if parallel is not None:
             degrees(world_size, dp=cfg.dp, inner=cfg.pp if parallel == "pp" else cfg.tp,
                     flag="--stages" if parallel == "pp" else "--tp")
@@ -199,6 +196,10 @@ class _Run:
         if cfg.out.json and rank.world.rank == 0 and rank.comm is not None:
             partial = _Partial(cfg.out.json, rank.world.rank, rank.world.world_size)
             rank.on_failure(partial.abandon)
+        import torch  # the ranks' imports: the launcher checks the flags without loading torch
+
+        from commprof.run.loop import train
+
         comm = rank.comm if cfg.strategy != "single" else None
         result, state = train(cfg, comm, rank.device, on_step=partial.update if partial is not None else None)
         if cfg.save_state and rank.world.rank == 0:
@@ -210,6 +211,7 @@ class _Run:
     @staticmethod
     def report(cfg: RunConfig, rank: Rank, results: list) -> int:
         from commprof.report.run_table import run_tables
+        from commprof.run.results import combine
 
         doc = combine(cfg, results, rank.env)
         out = Console()

@@ -1,19 +1,52 @@
-"""Training strategies, one file each, built only on Comm; this dict is the list `--strategy` takes.
+"""Training strategies, one file each, built only on Comm; CATALOG is the list `--strategy` takes.
 
-Exercised by: `pytest tests/test_strategies.py`.
+CATALOG names each strategy's module and class and what the launcher checks before any rank starts
+(the backends it runs on, whether it splits the model), so checking a command line loads no strategy
+and no torch; `STRATEGIES` (name -> class) loads them all when first asked for, as the ranks do.
+tests/test_strategies.py checks that every entry agrees with its class. Exercised by: `pytest
+tests/test_strategies.py`.
 """
 
 from __future__ import annotations
 
-from commprof.strategies.ddp import DDP
-from commprof.strategies.fsdp import FSDP
-from commprof.strategies.mpi_dp import MpiDP
-from commprof.strategies.naive_dp import NaiveDP
-from commprof.strategies.pipeline import Pipeline1F1B, PipelineGPipe
-from commprof.strategies.single import Single
-from commprof.strategies.tensor import TensorParallel
-from commprof.strategies.zero1 import Zero1
-from commprof.strategies.zero2 import Zero2
+import importlib
+from dataclasses import dataclass
 
-STRATEGIES = {cls.name: cls for cls in (Single, NaiveDP, DDP, Zero1, Zero2, FSDP, MpiDP, PipelineGPipe,
-                                        Pipeline1F1B, TensorParallel)}
+__all__ = ["CATALOG", "STRATEGIES", "StrategyEntry"]
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    """One --strategy, before its module is loaded."""
+
+    module: str
+    """Its module under commprof.strategies."""
+    cls: str
+    """Its class there."""
+    backends: tuple[str, ...] = ("gloo", "nccl", "mpi")
+    """The --backend values it runs on (the class's `backends`)."""
+    model_parallel: str | None = None
+    """"pp" or "tp" for strategies that split the model (the class's `model_parallel`)."""
+
+    def load(self) -> type:
+        return getattr(importlib.import_module(f"{__name__}.{self.module}"), self.cls)
+
+
+CATALOG: dict[str, StrategyEntry] = {
+    "single": StrategyEntry("single", "Single"),
+    "naive-dp": StrategyEntry("naive_dp", "NaiveDP"),
+    "ddp": StrategyEntry("ddp", "DDP"),
+    "zero1": StrategyEntry("zero1", "Zero1"),
+    "zero2": StrategyEntry("zero2", "Zero2"),
+    "fsdp": StrategyEntry("fsdp", "FSDP"),
+    "mpi-dp": StrategyEntry("mpi_dp", "MpiDP", backends=("mpi",)),
+    "pipeline-gpipe": StrategyEntry("pipeline", "PipelineGPipe", model_parallel="pp"),
+    "pipeline-1f1b": StrategyEntry("pipeline", "Pipeline1F1B", model_parallel="pp"),
+    "tensor": StrategyEntry("tensor", "TensorParallel", model_parallel="tp"),
+}
+
+
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # name -> class, every strategy loaded (and torch with them)
+        return {key: entry.load() for key, entry in CATALOG.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,119 @@
+"""What each backend can run, named before any rank starts and without loading torch or MPI: the
+launcher checks a command line against this, then starts ranks that load them (seconds each).
+
+  BACKENDS, DTYPES, ALIASES, REDUCE_OPS    the names --backend, -d and -o take
+  unsupported(...)                          why a backend cannot run a collective with a dtype, op, mode
+  cuda_devices(), default_backend(), slots()  the GPUs the CUDA driver sees, asked of the driver itself
+
+commprof/comm/ maps these names to torch dtypes and process groups. Exercised by: `pytest
+tests/test_startup.py tests/test_bench_cli.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+
+from commprof.errors import UsageError
+from commprof.world import usable_cores
+
+BACKENDS = ("gloo", "nccl", "mpi")
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8")
+"""Element types by torch's names, in the order `-d all` sweeps them."""
+FLOATING = frozenset({"float32", "float16", "bfloat16", "float64"})
+ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16",
+           "fp32": "float32", "fp16": "float16", "fp64": "float64"}
+"""nccl-tests' and common short names, accepted for the torch ones."""
+REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+
+REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+# What each library's API offers (commprof adds no copies to fake a mode it lacks).
+_NO_OUT_OF_PLACE = {"torch.distributed": {"all_reduce", "broadcast", "reduce"},
+                    "MPI": {"broadcast"}}
+_NO_IN_PLACE = {"torch.distributed": {"all_to_all", "sendrecv"}, "MPI": {"sendrecv"}}
+
+YIELD_ENV = {
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+"""Environment that makes an MPI library yield the core while it waits instead of spinning, for when
+ranks outnumber cores: MPICH sleeps between idle polls, Open MPI yields when idle."""
+
+
+def parse_dtypes(spec: str) -> list[str]:
+    """'float32,int8' or 'all' -> dtype names, in the order given, each once (float,float32 is one)."""
+    if spec == "all":
+        return list(DTYPES)
+    out = []
+    for raw in spec.split(","):
+        name = ALIASES.get(raw.strip(), raw.strip())
+        if name not in DTYPES:
+            raise UsageError(f"unknown dtype {raw!r}: choose from {', '.join(DTYPES)} or all")
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def parse_ops(spec: str) -> list[str]:
+    """'sum,max' or 'all' -> reduce op names, in the order given, each once."""
+    if spec == "all":
+        return list(REDUCE_OPS)
+    ops = [op.strip() for op in spec.split(",")]
+    for op in ops:
+        if op not in REDUCE_OPS:
+            raise UsageError(f"unknown reduce op {op!r}: choose from {', '.join(REDUCE_OPS)} or all")
+    return list(dict.fromkeys(ops))
+
+
+def unsupported(backend: str, collective: str, dtype: str, op: str | None, inplace: bool) -> str | None:
+    """Why `backend` cannot run `collective` with this dtype (a name), op and mode, or None when it can."""
+    library = "MPI" if backend == "mpi" else "torch.distributed"
+    if not inplace and collective in _NO_OUT_OF_PLACE[library]:
+        return f"{library} has no out-of-place {collective}"
+    if inplace and collective in _NO_IN_PLACE[library]:
+        return f"{library} has no in-place {collective}" + (" in commprof" if library == "MPI" else "")
+    if collective in REDUCING and backend == "mpi":
+        if op == "avg":
+            return "MPI has no avg reduce op"
+        if dtype == "bfloat16":
+            return "MPI has no bfloat16 reductions"
+    if collective in REDUCING and backend == "gloo" and op == "avg" and dtype not in FLOATING:
+        return f"gloo has no avg reduction for {dtype}"
+    return None
+
+
+def cuda_devices() -> int:
+    """GPUs the CUDA driver sees (CUDA_VISIBLE_DEVICES applied), asked of libcuda directly: what
+    torch.cuda.device_count() answers, without the seconds torch takes to load. 0 without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def default_backend() -> str:
+    """nccl when CUDA sees a GPU, else gloo."""
+    return "nccl" if cuda_devices() else "gloo"
+
+
+def slots(backend: str) -> int:
+    """How many ranks one host can run without sharing: GPUs for nccl, usable cores otherwise."""
+    return cuda_devices() if backend == "nccl" else usable_cores()
+
+
+def require_cuda() -> None:
+    """NCCL needs a GPU: say so before any rank starts."""
+    if not cuda_devices():
+        raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

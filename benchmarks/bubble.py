@@ -35,7 +35,7 @@ SCHEDULES = ("pipeline-gpipe", "pipeline-1f1b")
 def worker(args) -> None:
     import numpy as np
 
-    from commprof.comm import init_comm
+    from commprof.comm import end_process, init_comm
     from commprof.run.calibrated import calibrated_bubble
     from commprof.world import discover
 
@@ -56,6 +56,7 @@ def worker(args) -> None:
         Path(args.out).write_text(json.dumps(rows))
     comm.control_barrier()
     comm.close()
+    end_process(0)  # not the interpreter's exit: see commprof.comm.end_process
 
 
 def summarize(rows: list[dict], args) -> dict:

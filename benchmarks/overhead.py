@@ -152,7 +152,7 @@ def summarize(backend: str, size: int, n: int, per_rank: list[list[dict]]) -> di
 def worker(backend: str, rounds: int, iters: int, out: str) -> None:
     import torch
 
-    from commprof.comm import init_comm
+    from commprof.comm import end_process, init_comm
     from commprof.world import discover
 
     torch.set_num_threads(1)
@@ -166,6 +166,7 @@ def worker(backend: str, rounds: int, iters: int, out: str) -> None:
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
     comm.close()
+    end_process(0)  # not the interpreter's exit: see commprof.comm.end_process
 
 
 # ---- the parent: start the ranks, print the table ----------------------------------------------

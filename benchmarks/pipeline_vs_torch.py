@@ -109,7 +109,7 @@ def split_batches(batches: list, m: int) -> list[tuple]:
 def worker(args) -> None:
     import torch
 
-    from commprof.comm import init_comm
+    from commprof.comm import end_process, init_comm
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
     from commprof.parallel.partition import balanced_starts, param_costs
@@ -158,6 +158,7 @@ def worker(args) -> None:
     if comm.rank == 0:
         Path(args.out).write_text(json.dumps(gathered))
     comm.close()
+    end_process(0)  # not the interpreter's exit: see commprof.comm.end_process
 
 
 def summarize(per_rank: list[dict]) -> dict:

@@ -109,7 +109,7 @@ def env_record(argv: list[str]) -> dict:
 def worker(args) -> None:
     import torch
 
-    from commprof.comm import init_comm
+    from commprof.comm import end_process, init_comm
     from commprof.profile.phases import Phases
     from commprof.profile.volume import step_volume
     from commprof.run.config import RunConfig
@@ -163,6 +163,7 @@ def worker(args) -> None:
     if comm.rank == 0:
         Path(args.out).write_text(json.dumps(gathered))
     comm.close()
+    end_process(0)  # not the interpreter's exit: see commprof.comm.end_process
 
 
 def recording_cost_ns(recorder, step, n: int = 2000) -> float:

@@ -130,7 +130,7 @@ def worker(args) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from commprof.comm import init_comm
+    from commprof.comm import end_process, init_comm
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
     from commprof.world import discover
@@ -172,6 +172,7 @@ def worker(args) -> None:
     if comm.rank == 0:
         Path(args.out).write_text(json.dumps(gathered))
     comm.close()
+    end_process(0)  # not the interpreter's exit: see commprof.comm.end_process
 
 
 def summarize(per_rank: list[dict]) -> dict:

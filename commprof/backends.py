@@ -12,9 +12,14 @@ tests/test_startup.py tests/test_bench_cli.py`.
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
+import re
 import socket
+from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.measurement import COLLECTIVES
 from commprof.world import usable_cores
 
 BACKENDS = ("gloo", "nccl", "mpi")
@@ -27,7 +32,7 @@ ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "
 """nccl-tests' and common short names, accepted for the torch ones."""
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 
-REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+REDUCING = frozenset(name for name, model in COLLECTIVES.items() if model.reduces)
 # What each library's API offers (commprof adds no copies to fake a mode it lacks).
 _NO_OUT_OF_PLACE = {"torch.distributed": {"all_reduce", "broadcast", "reduce"},
                     "MPI": {"broadcast"}}
@@ -83,17 +88,39 @@ def unsupported(backend: str, collective: str, dtype: str, op: str | None, inpla
     return None
 
 
+@functools.cache
 def cuda_devices() -> int:
-    """GPUs the CUDA driver sees (CUDA_VISIBLE_DEVICES applied), asked of libcuda directly: what
-    torch.cuda.device_count() answers, without the seconds torch takes to load. 0 without a driver."""
+    """GPUs torch could use here, decided without loading torch: the ones the CUDA driver sees
+    (CUDA_VISIBLE_DEVICES applied, asked of libcuda), when the installed torch is a CUDA build whose major
+    CUDA version the driver supports. 0 without a driver, a GPU or a CUDA build of torch. The ranks check
+    again with torch itself (comm.require_torch_cuda)."""
+    built = _torch_cuda_major()
+    if built is None:
+        return 0
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return 0
-    count = ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return 0
+    if version.value // 1000 < built or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return 0
     return count.value
+
+
+def _torch_cuda_major() -> int | None:
+    """The CUDA major version the installed torch was built for (torch/version.py's `cuda`), read as
+    text: finding a top-level package does not import it."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\b[^=]*=\s*['\"](\d+)\.", text, re.M)
+    return int(found.group(1)) if found else None
 
 
 def default_backend() -> str:

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from commprof import __version__, job
 from commprof.errors import CommprofError, UnsupportedError, UsageError
@@ -38,7 +39,7 @@ COMMANDS = {
     "run": ("commprof.run.command", "profile one training strategy: compute/comm split and volume"),
     "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
 }
-"""Each subcommand: the module whose `add_parser(subparsers, help)` registers its flags, and its help line."""
+"""Each subcommand: the module whose `add_parser(subparsers, summary)` registers its flags, and its help line."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -48,11 +49,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="commprof", description="Low-level communication profiler for distributed training.")
     parser.add_argument("--version", action="version", version=f"commprof {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, (module, help) in COMMANDS.items():
+    for name, (module, summary) in COMMANDS.items():
         if only is None or only == name:
-            importlib.import_module(module).add_parser(subparsers, help)
+            importlib.import_module(module).add_parser(subparsers, summary)
         else:
-            subparsers.add_parser(name, help=help)
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
@@ -65,11 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
     args = build_parser(chosen if chosen in COMMANDS else "").parse_args(argv)
     args.argv = argv
-    code = call(args.func, args)
+    return call(args.func, args)
+
+
+def entry() -> NoReturn:
+    """The `commprof` command (console script and `python -m commprof`): main(), then the process ends —
+    through comm.end_process when it joined a job as a rank, its Comm closed and its files written."""
+    code = main()
     comm = sys.modules.get("commprof.comm")
-    if comm is not None and comm.joined():  # a rank: its Comm is closed, its files written
+    if comm is not None and comm.joined():
         comm.end_process(code)
-    return code
+    sys.exit(code)
 
 
 def call(func, args: argparse.Namespace) -> int:

@@ -128,7 +128,7 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     comm = None
     if not command.without_comm(cfg, world):
         comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
-    try:  # closed on every way out but os._exit: the backend's threads end before the interpreter does
+    try:  # closed on every way out but os._exit; the process then ends through comm.end_process
         watchdog = Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank,
                             dump_dir=cfg.out.dump_folder()) if comm is not None else nullcontext()
         with watchdog:
@@ -162,6 +162,9 @@ def _device(backend: str, world: World) -> torch.device:
     import torch
 
     if backend == "nccl":
+        from commprof.comm import require_torch_cuda
+
+        require_torch_cuda()
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device

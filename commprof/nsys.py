@@ -32,8 +32,8 @@ TRACES = "cuda,nvtx,osrt"
 """What nsys traces by default: kernels and copies, commprof's ranges, and the OS calls it blocks in."""
 
 
-def add_parser(subparsers, help: str) -> None:
-    p = subparsers.add_parser("nsys", help=help,
+def add_parser(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("nsys", help=summary,
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="nsys", metavar="DIR", help="where the reports go (default ./nsys)")
     p.add_argument("--trace", default=TRACES, metavar="LIST",

@@ -23,6 +23,8 @@ import importlib
 from functools import partial
 from types import ModuleType
 
+from commprof.backends import FLOATING
+
 __all__ = ["ALGORITHMS", "CATALOG", "LIBRARY", "names", "implements", "find", "modes", "bind", "unsupported"]
 
 LIBRARY = "library"
@@ -58,7 +60,8 @@ loads torch and the modules themselves."""
 
 def __getattr__(name: str):
     if name == "ALGORITHMS":  # collective -> algorithm name -> module, loaded when first asked for
-        return {c: {a: find(c, a) for a in by_name} for c, by_name in CATALOG.items()}
+        loaded = globals()["ALGORITHMS"] = {c: {a: find(c, a) for a in by_name} for c, by_name in CATALOG.items()}
+        return loaded
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -80,7 +83,7 @@ def find(collective: str, name: str) -> ModuleType | None:
 
 def unsupported(dtype: str, op: str | None) -> str | None:
     """Why the hand-written algorithms cannot reduce `dtype` (a name) with `op`, or None."""
-    if op == "avg" and not dtype.startswith(("float", "bfloat")):
+    if op == "avg" and dtype not in FLOATING:
         return "avg of integers has no single rounding rule"
     return None
 

@@ -1,8 +1,7 @@
 """A rank wrapper (COMMPROF_RANK_WRAPPER) for tests/test_failures.py: runs one commprof rank in this
 process and prints the Python threads still alive as the rank ends. A rank ends through
 commprof.comm.end_process (os._exit, after its Comm is closed), so this wraps os._exit: commprof must
-have ended all of its own threads by then — the watchdog's, the trace's — or they would be cut off
-mid-write."""
+have ended its own threads by then — the watchdog's — or they would be cut off mid-write."""
 
 import os
 import runpy
@@ -24,4 +23,4 @@ sys.argv = ["commprof", *sys.argv[sys.argv.index("commprof") + 1:]]
 try:
     runpy.run_module("commprof", run_name="__main__")
 except SystemExit as exc:  # a rank that never joined a job ends the usual way
-    _report_and_exit(exc.code if isinstance(exc.code, int) else 1)
+    _report_and_exit(0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1)

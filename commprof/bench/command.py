@@ -31,8 +31,8 @@ from commprof.report.units import parse_size
 from commprof.world import World
 
 
-def add_parser(subparsers, help: str) -> None:
-    p = subparsers.add_parser("bench", help=help,
+def add_parser(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("bench", help=summary,
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                    help=f"any of {', '.join(COLLECTIVES)} (default: all)")

@@ -54,10 +54,10 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
 
 
 _OPENED: list[str] = []
-"""The backends this process has joined a job on (init_comm), for end_process."""
+"""The backends this process has joined a job on (init_comm): such a process ends through end_process."""
 
 
-def end_process(code: int) -> NoReturn:
+def end_process(code: int | None) -> NoReturn:
     """End a process that has joined a job, skipping the interpreter's finalization — after its Comm is
     closed and its files are written. Why: torch keeps gloo's process group alive past
     destroy_process_group once it has imported torch._dynamo (torch.optim does), so gloo's worker threads
@@ -66,15 +66,17 @@ def end_process(code: int) -> NoReturn:
     std::terminate turns into "terminate called without an active exception" (seen as SIGABRT in 2 of 40
     runs of tests/strategy_worker.py at 3 ranks). stdout and stderr are flushed and MPI finalized first,
     as the interpreter's exit would have."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say
-            pass
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    os._exit(code if isinstance(code, int) else 1)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more to say
+                pass
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    finally:  # whatever Finalize raises, never the interpreter's exit
+        os._exit(0 if code is None else code if isinstance(code, int) else 1)
 
 
 def joined() -> bool:
@@ -82,9 +84,15 @@ def joined() -> bool:
     return bool(_OPENED)
 
 
+def require_torch_cuda() -> None:
+    """The rank's own check: the driver may see a GPU this torch cannot use (a CPU build, an old driver)."""
+    if not torch.cuda.is_available():
+        raise UsageError("backend nccl needs a CUDA GPU that torch can use and none is; use --backend gloo or mpi")
+
+
 def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
     if backend == "nccl":
-        require_cuda()
+        require_torch_cuda()
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         clock = CudaClock()
@@ -122,8 +130,9 @@ def _mpi_control(world: World) -> ControlPlane:
 MPI_THREAD_LEVEL = "funneled"
 """The thread level commprof initialises MPI with: only the main thread calls MPI (the watchdog and the
 trace speak over the control plane), and MPICH locks every call only under `multiple` — mpi4py's own
-default, ~2–3 µs a call here (benchmarks/vs_c.py). MPI4PY_RC_THREAD_LEVEL=multiple (mpi4py's variable)
+default, ~2–3 µs a call with MPICH here. MPI4PY_RC_THREAD_LEVEL=multiple (mpi4py's variable)
 chooses another, for a script that calls MPI from its own threads; the env block records the level."""
+
 
 def import_mpi():
     """mpi4py's MPI module — initialising MPI at MPI_THREAD_LEVEL unless MPI4PY_RC_THREAD_LEVEL says

@@ -255,6 +255,7 @@ class Handle:
         self._end = None
         """Completion, once logged."""
         self._waiting = False
+        self._waited = False
         comm._watch_completion(work, self._completed)
 
     def _completed(self, end) -> None:
@@ -270,7 +271,7 @@ class Handle:
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
     def wait(self) -> None:
-        if self._work is None:  # waited on already
+        if self._waited:
             return
         comm = self._comm
         hit = comm._labels.get(("wait " + self._name, 0, None))
@@ -287,9 +288,8 @@ class Handle:
             comm._wait(self._work)
             end = time.perf_counter_ns()
             # The backend's work goes now, not with this handle: a torch Work kept past comm.close() keeps
-            # gloo's threads alive into the interpreter's exit, where the one that frees a finished work
-            # (and the Python tensors it holds) aborts the process taking the GIL.
-            self._work = None
+            # gloo's context and its threads alive (see comm.end_process).
+            self._work, self._waited = None, True
         except CommprofError:
             raise
         except Exception as exc:  # the backend's words as one line naming the op, as for blocking ops

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MODELS", "ModelEntry", "ModelSpec", "build_model", "count_parameters", "list_models"]
 
+
 def _lazy(module: str, *args: str, preset: str | None = None) -> Callable[..., ModelSpec]:
     """commprof.models.<module>.build(*args, preset=<the module's preset>, …), the module (and torch)
     imported when the model is built: checking --model loads neither."""

@@ -63,6 +63,7 @@ def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_
         from mpi4py import MPI
 
         env["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
-        levels = ("single", "funneled", "serialized", "multiple")  # MPI.THREAD_SINGLE … THREAD_MULTIPLE
-        env["mpi_thread_level"] = levels[MPI.Query_thread()]
+        levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+        env["mpi_thread_level"] = levels.get(MPI.Query_thread(), str(MPI.Query_thread()))  # as granted
     return env

@@ -30,14 +30,14 @@ from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
-from commprof.strategies import CATALOG as STRATEGIES
+from commprof.strategies import CATALOG
 from commprof.world import World
 
 
-def add_parser(subparsers, help: str) -> None:
-    p = subparsers.add_parser("run", help=help,
+def add_parser(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("run", help=summary,
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", default="ddp", help=f"{', '.join(STRATEGIES)} (default ddp)")
+    p.add_argument("--strategy", default="ddp", help=f"{', '.join(CATALOG)} (default ddp)")
     p.add_argument("--model", default="mnist-cnn", help="see --list-models (default mnist-cnn)")
     p.add_argument("--list-models", action="store_true", help="list the models and exit")
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
@@ -85,8 +85,8 @@ def add_parser(subparsers, help: str) -> None:
 
 def build_config(args: argparse.Namespace) -> RunConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
-    if args.strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy {args.strategy!r}: choose from {', '.join(STRATEGIES)}")
+    if args.strategy not in CATALOG:
+        raise UsageError(f"unknown strategy {args.strategy!r}: choose from {', '.join(CATALOG)}")
     if args.model not in MODELS:
         raise UsageError(f"unknown model {args.model!r}: choose from {', '.join(MODELS)} (--list-models)")
     if args.data not in DATA:
@@ -94,7 +94,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
-    strategy = STRATEGIES[args.strategy]
+    strategy = CATALOG[args.strategy]
     if backend not in strategy.backends:
         raise UsageError(f"strategy {args.strategy} runs on --backend {', '.join(strategy.backends)}")
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--warmup", args.warmup, 0),
@@ -176,7 +176,7 @@ class _Run:
 
     @staticmethod
     def check_world(cfg: RunConfig, world_size: int) -> None:
-        parallel = STRATEGIES[cfg.strategy].model_parallel
+        parallel = CATALOG[cfg.strategy].model_parallel
         if parallel is not None:
             degrees(world_size, dp=cfg.dp, inner=cfg.pp if parallel == "pp" else cfg.tp,
                     flag="--stages" if parallel == "pp" else "--tp")

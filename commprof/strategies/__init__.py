@@ -47,6 +47,7 @@ CATALOG: dict[str, StrategyEntry] = {
 
 
 def __getattr__(name: str):
-    if name == "STRATEGIES":  # name -> class, every strategy loaded (and torch with them)
-        return {key: entry.load() for key, entry in CATALOG.items()}
+    if name == "STRATEGIES":  # name -> class, every strategy loaded (and torch with them), once
+        loaded = globals()["STRATEGIES"] = {key: entry.load() for key, entry in CATALOG.items()}
+        return loaded
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -115,7 +115,9 @@ def measured_part(spans: list[tuple]) -> list[tuple]:
 
 def nvtx_sum(report: Path) -> dict[str, int]:
     """`nsys stats --report nvtx_sum`: range -> instances."""
-    proc = subprocess.run(["nsys", "stats", "-q", "--report", "nvtx_sum", "--format", "csv", str(report)],
+    # its own export: stats reuses a report's SQLite beside it only while it looks newer than the report
+    proc = subprocess.run(["nsys", "stats", "-q", "--force-export=true", "--report", "nvtx_sum", "--format", "csv",
+                           str(report)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = csv.DictReader(io.StringIO(proc.stdout[proc.stdout.index("Time (%)"):]))

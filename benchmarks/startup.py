@@ -39,7 +39,9 @@ def timed(checkout: Path, argv: list[str]) -> float:
     """Seconds end to end for one command."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "commprof", *argv], env=env, capture_output=True, text=True)
+    # run from the checkout: `python -m` puts the working directory first on sys.path
+    proc = subprocess.run([sys.executable, "-m", "commprof", *argv], env=env, capture_output=True, text=True,
+                          cwd=checkout)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{checkout}: commprof {' '.join(argv)} exited {proc.returncode}: {proc.stderr[-500:]}")
@@ -51,7 +53,7 @@ def help_rss(checkout: Path) -> int:
     probe = ("import resource, subprocess, sys; subprocess.run([sys.executable, '-m', 'commprof', '--help'], "
              "capture_output=True); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(checkout)},
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, cwd=checkout)
     return int(out.stdout.strip())
 
 

@@ -224,7 +224,9 @@ def run_column(backend: str, column: str, size: int, iters: int,
     from commprof.launch import find_mpiexec
 
     level = "multiple" if column.endswith("_multiple") else MPI_THREAD_LEVEL
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPI4PY_RC_THREAD_LEVEL": level,
+    # commprof's launcher gives its ranks huge pages for torch's large buffers (NumPy's and the C loop's
+    # have them too): the bare torch loop gets the same.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1", "MPI4PY_RC_THREAD_LEVEL": level,
            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     common = ["-n", str(iters), "-w", str(warmup)]
     me = [sys.executable, str(Path(__file__).resolve()), "--sizes", str(size), *common, "--worker"]

@@ -8,7 +8,8 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
 
   errors, world, measurement, backends,    what a job is, what every figure means, what each backend
   flags, job                               can run (named before any rank loads torch)
-  report/                                  tables, atomic JSON/CSV, the env block
+  report/                                  tables, atomic JSON/CSV, the env block, plots, comparisons,
+                                           `commprof report`
   profile/                                 clocks, the op log, phases, volume, NVTX, traces
   comm/                                    the only door to the network, and how a job fails
   data/, models/                           what is trained
@@ -16,7 +17,7 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
   launch, lifecycle                        the launcher; the job's life cycle every command runs through
   bench/, run/                             the commands: a config, one rank's work, rank 0's report
-  cli, nsys, __main__                      the command line
+  cli, nsys, sweep, __main__               the command line; grids of whole jobs
 """
 
 __version__ = "0.1.0"

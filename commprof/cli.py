@@ -16,14 +16,13 @@ import os
 import sys
 from typing import NoReturn
 
-from commprof import __version__, job
+from commprof import __version__, job, sweep
 from commprof.errors import CommprofError, UnsupportedError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse prints usage + message; keep it to one line
-        sys.stderr.write(f"commprof: error: {_one_line(message)}\n")
-        sys.exit(2)
+    def error(self, message: str):  # argparse prints usage + message; main says it in one line
+        raise UsageError(message)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
@@ -38,6 +37,7 @@ COMMANDS = {
     "bench": ("commprof.bench.command", "sweep collectives over sizes (nccl-tests semantics)"),
     "run": ("commprof.run.command", "profile one training strategy: compute/comm split and volume"),
     "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
+    "report": ("commprof.report.command", "tables and plots of saved bench, run and grid results"),
 }
 """Each subcommand: the module whose `add_parser(subparsers, summary)` registers its flags, and its help line."""
 
@@ -64,9 +64,26 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
+    try:
+        if chosen in sweep.GRID_FLAGS and sweep.wanted(chosen, argv[argv.index(chosen) + 1:]):
+            return call(sweep.main, (chosen, argv[argv.index(chosen) + 1:]))
+        args = parse(argv, chosen)
+    except UsageError as exc:
+        return usage_error(exc)
+    return call(args.func, args)
+
+
+def usage_error(exc: UsageError) -> int:
+    """A command line refused before anything ran: one line, exit 2."""
+    sys.stderr.write(f"commprof: error: {_one_line(str(exc))}\n")
+    return 2
+
+
+def parse(argv: list[str], chosen: str) -> argparse.Namespace:
+    """argv as the subcommand `chosen` reads it; raises UsageError."""
     args = build_parser(chosen if chosen in COMMANDS else "").parse_args(argv)
     args.argv = argv
-    return call(args.func, args)
+    return args
 
 
 def entry() -> NoReturn:

@@ -37,3 +37,10 @@ def timeout(value: float) -> None:
     finite("--timeout", value)
     if not 0 < value <= MAX_TIMEOUT_S:
         raise UsageError(f"--timeout {value:g} must be positive and at most {MAX_TIMEOUT_S:g} s")
+
+
+def refuse_plot(args) -> None:
+    """--plot reached a rank: the job was started by torchrun, mpiexec or srun, not by commprof."""
+    if getattr(args, "plot", None) is not None:
+        raise UsageError("--plot draws with commprof's own launcher: under torchrun, mpiexec or srun write "
+                         "--json and run `commprof report FILE --plot DIR`")

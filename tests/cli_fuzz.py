@@ -122,6 +122,7 @@ BENCH = (
     Flag(("--json",), PATHS),
     Flag(("--trace",), PATHS),
     Flag(("--csv",), PATHS),
+    Flag(("--plot",), PATHS),
     Flag(("--debug-dump",), PATHS),
 )
 RUN = (
@@ -162,6 +163,7 @@ RUN = (
     Flag(("--timeout",), FLOATS),
     Flag(("--save-state",), PATHS),
     Flag(("--json",), PATHS),
+    Flag(("--plot",), PATHS),
     Flag(("--debug-dump",), PATHS),
     Flag(("--trace",), PATHS),
     Flag(("--torch-profiler",), PATHS),
@@ -237,6 +239,8 @@ def check(argv: list[str]) -> Outcome:
             code = cli.call(lambda a: _configure(a, seen), args)
         except SystemExit as exc:
             code = exc.code
+        except UsageError as exc:  # the parser's refusals, said as cli.main says them
+            code = cli.usage_error(exc)
     return Outcome(code, err.getvalue(), out.getvalue(), seen.get("config"), seen.get("nproc"))
 
 

@@ -20,7 +20,7 @@ LAYERS = (
     ("strategies", "kernels"),
     ("launch", "lifecycle"),
     ("bench", "run"),
-    ("cli", "nsys", "__main__"),
+    ("cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own
 layer or lower ones only."""

@@ -57,6 +57,7 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--json", metavar="PATH", help="write env + results as JSON")
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
+    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--debug-dump", metavar="DIR",
                    help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.set_defaults(func=main)
@@ -94,6 +95,7 @@ def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
 
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
+    flags.refuse_plot(args)
     algos = parse_algos(args.algo)
     names = _collectives(args, algos)
     backend = args.backend or default_backend()

@@ -75,6 +75,7 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
+    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--debug-dump", metavar="DIR",
                    help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
@@ -85,6 +86,7 @@ def add_parser(subparsers, summary: str) -> None:
 
 def build_config(args: argparse.Namespace) -> RunConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
+    flags.refuse_plot(args)
     if args.strategy not in CATALOG:
         raise UsageError(f"unknown strategy {args.strategy!r}: choose from {', '.join(CATALOG)}")
     if args.model not in MODELS:

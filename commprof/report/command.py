@@ -1,0 +1,95 @@
+"""`commprof report FILE.json [FILE.json …]`: the tables and plots of saved results, without running
+anything. One bench file: its tables as bench printed them (and a scaling table across rank counts);
+several: side by side, each over the first (two backends, two machines, before/after). Run files and
+grid files: one comparison table, a row per configuration.
+
+    commprof report grid.json --plot plots/
+    commprof report gloo.json mpi.json
+
+Exercised by: `pytest tests/test_report_cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from commprof.errors import UsageError
+
+
+def add_parser(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("report", help=summary, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", metavar="FILE", help="--json files of commprof bench, run or a grid")
+    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")
+    p.set_defaults(func=main)
+
+
+def load(path: str) -> tuple[str, dict]:
+    """(kind, document) of one saved result: kind bench, run or grid; UsageError naming the file."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: not a commprof result: not JSON, or cut short ({exc})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: not a commprof result (a JSON {type(doc).__name__})")
+    if "runs" in doc and doc.get("command") in ("bench", "run"):
+        kind = "grid"
+    elif isinstance(doc.get("results"), list) and all(isinstance(r, dict) and "collective" in r
+                                                        for r in doc["results"]):
+        kind = "bench"
+    elif isinstance(doc.get("summary"), dict) and "iterations" in doc:
+        kind = "run"
+    else:
+        raise UsageError(f"{path}: not a commprof result (no bench results, run summary or grid runs)")
+    if doc.get("complete") is not True:
+        why = doc.get("reason") or "it was still being written or its job stopped early"
+        raise UsageError(f"{path}: an incomplete result ({why})")
+    return kind, doc
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from commprof.report import compare
+    from commprof.report.table import avg_busbw, bench_table, header
+
+    loaded = [(path, *load(path)) for path in args.files]
+    kinds = {kind if kind != "grid" else doc["command"] for _, kind, doc in loaded}
+    if len(kinds) > 1:
+        raise UsageError("report takes bench results or run results, not both: "
+                         + ", ".join(f"{p} ({k})" for p, k, _ in loaded))
+    out = Console(width=None if Console().is_terminal else 220)
+    if kinds == {"bench"}:
+        docs = [d if k == "bench" else {"env": None, "results": d["results"]} for _, k, d in loaded]
+        if len(docs) == 1:
+            if docs[0]["env"]:
+                out.print(header(docs[0]["env"]))
+            by_coll: dict = {}
+            for rec in docs[0]["results"]:
+                by_coll.setdefault(rec["collective"], []).append(rec)
+            for coll, records in by_coll.items():
+                out.print(bench_table(coll, records))
+                out.print(f"# {coll} avg bus bandwidth: {avg_busbw(records):.3f} GB/s")
+            if len({r["world_size"] for r in docs[0]["results"]}) > 1:
+                for table in compare.scaling_tables(docs[0]["results"]):
+                    out.print(table)
+        else:
+            out.print(compare.side_by_side([p for p, _, _ in loaded], docs)[1])
+        if args.plot:
+            from commprof.report import plots
+
+            plots.bench_plots([r for d in docs for r in d["results"]], args.plot)
+        return 0
+    runs, grid = [], {}
+    for path, kind, doc in loaded:
+        if kind == "grid":
+            runs += doc["runs"]
+            grid.update(doc["grid"])
+        else:
+            runs.append({"label": Path(path).stem, "config": {}, "error": None, "result": doc})
+    compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out)
+    return 0

@@ -1,0 +1,202 @@
+"""Comparisons: a grid's runs as one table (a row per configuration), bench results as scaling tables
+(size rows × rank-count columns), several bench files side by side with ratios; rows are plain data,
+tables render them. Written by a grid (commprof/sweep.py) and by `commprof report`.
+
+Exercised by: `pytest tests/test_sweep.py tests/test_report_cli.py`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from commprof.report.files import write_atomic
+from commprof.report.units import format_bytes
+
+RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
+               "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
+               "predicted_payload_bytes_per_step", "peak_mem_bytes", "final_loss", "steps_to_threshold",
+               "speedup", "efficiency", "error")
+
+
+def run_row(run: dict) -> dict:
+    """One configuration's figures (its error instead when it failed)."""
+    row = {"label": run["label"], **{k: None for k in RUN_COLUMNS[1:]}, "error": run.get("error")}
+    doc = run.get("result")
+    if doc is None:
+        return row
+    s, volume = doc["summary"], doc["volume"].values()
+    row.update({k: s[k] for k in ("wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct",
+                                  "bubble_ms", "throughput", "throughput_unit", "epoch_s", "peak_mem_bytes")})
+    row["payload_bytes_per_step"] = sum(v["payload_bytes_per_step"] for v in volume)
+    predicted = [v.get("predicted_payload_bytes_per_step") for v in volume]
+    row["predicted_payload_bytes_per_step"] = None if None in predicted else sum(predicted)
+    row["final_loss"] = doc["metrics"]["final_loss"]
+    row["steps_to_threshold"] = doc["metrics"]["steps_to_threshold"]
+    return row
+
+
+def run_rows(runs: list[dict]) -> list[dict]:
+    """Rows of every run; speed-up (throughput over `single`'s) and efficiency (speed-up / ranks) where
+    the grid has a `single` run agreeing on every flag but strategy and ranks."""
+    rows = [run_row(r) for r in runs]
+    singles = [(r, row) for r, row in zip(runs, rows) if _strategy(r) == "single" and row["throughput"]]
+    for run, row in zip(runs, rows):
+        base = next((b for r, b in singles if _others(r) == _others(run)), None)
+        if base is not None and row["throughput"] is not None:
+            row["speedup"] = row["throughput"] / base["throughput"]
+            row["efficiency"] = row["speedup"] / _ranks(run)
+    return rows
+
+
+def _strategy(run: dict) -> str | None:
+    doc = run.get("result")
+    return doc["config"]["strategy"] if doc else run["config"].get("--strategy")
+
+
+def _ranks(run: dict) -> int:
+    return run["result"]["env"].get("world_size") or 1
+
+
+def _others(run: dict) -> dict:
+    return {k: v for k, v in run["config"].items() if k not in ("--strategy", "--nproc")}
+
+
+def _n(value, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def run_table(rows: list[dict], title: str = "grid") -> Table:
+    table = Table(title=f"{title}: medians per iteration, averaged over ranks")
+    heads = ("configuration", "wall ms", "compute ms", "comm ms", "exposed ms", "overlap %", "bubble ms",
+             "throughput", "epoch s", "payload/step", "predicted", "peak mem", "final loss", "steps to thr.",
+             "speed-up", "efficiency")
+    for h in heads:
+        table.add_column(h, justify="left" if h == "configuration" else "right")
+    for r in rows:
+        if r["error"]:
+            table.add_row(r["label"], f"[red]failed: {r['error']}[/red]", *[""] * (len(heads) - 2))
+            continue
+        table.add_row(r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
+                      _n(r["overlap_pct"], 1), _n(r["bubble_ms"]), f"{_n(r['throughput'], 1)} {r['throughput_unit']}",
+                      _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
+                      "—" if r["predicted_payload_bytes_per_step"] is None
+                      else format_bytes(r["predicted_payload_bytes_per_step"]),
+                      format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
+                      "—" if r["steps_to_threshold"] is None else str(r["steps_to_threshold"]),
+                      _n(r["speedup"]), _n(r["efficiency"]))
+    return table
+
+
+def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[int, dict]]]:
+    """(collective, algo, backend, dtype, redop, inplace) -> size -> world size -> record."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for rec in records:
+        key = (rec["collective"], rec["algo"], rec["backend"], rec["dtype"], rec["redop"], rec["inplace"])
+        out[key][rec["nbytes"]][rec["world_size"]] = rec
+    return out
+
+
+def scaling_tables(records: list[dict]) -> list[Table]:
+    """Per collective and mode: size rows × rank-count columns of time and busbw."""
+    tables = []
+    for key, by_size in scaling(records).items():
+        coll, algo, backend, dtype, redop, inplace = key
+        sizes = sorted({n for n in by_size for n in by_size[n]})
+        table = Table(title=f"{coll} ({algo}, {backend}, {dtype}{', ' + redop if redop else ''}, "
+                            f"{'in' if inplace else 'out-of'}-place) across rank counts")
+        table.add_column("size (B)", justify="right")
+        for n in sizes:
+            table.add_column(f"{n} rank{'s' if n > 1 else ''} time (us)", justify="right")
+            table.add_column(f"{n} busbw (GB/s)", justify="right")
+        for nbytes in sorted(by_size):
+            cells = []
+            for n in sizes:
+                rec = by_size[nbytes].get(n)
+                cells += ["—", "—"] if rec is None else [_n(rec["time_us"]), _n(rec["busbw_GBps"], 3)]
+            table.add_row(str(nbytes), *cells)
+        tables.append(table)
+    return tables
+
+
+def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]:
+    """Bench files side by side: each (collective, algo, size, mode, dtype, op, ranks) row's time in every
+    file, and each file's time over the first file's."""
+    keyed = [{(r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], r["world_size"]): r
+              for r in doc["results"]} for doc in docs]
+    rows = []
+    for key in sorted(set().union(*keyed), key=lambda k: tuple(str(x) for x in k[:2]) + (k[2], k[3], str(k[4:]))):
+        times = [k[key]["time_us"] if key in k else None for k in keyed]
+        first = times[0]
+        rows.append({"collective": key[0], "algo": key[1], "nbytes": key[2], "inplace": key[3], "dtype": key[4],
+                     "redop": key[5], "world_size": key[6], "time_us": times,
+                     "ratio": [None if t is None or not first else t / first for t in times]})
+    table = Table(title="bench results side by side: time (us), and over the first file's")
+    for h in ("collective", "algo", "size (B)", "mode", "ranks"):
+        table.add_column(h, justify="right" if h in ("size (B)", "ranks") else "left")
+    for i, name in enumerate(names):
+        table.add_column(name, justify="right")
+        if i:
+            table.add_column(f"{name} ÷ first", justify="right")
+    for r in rows:
+        cells = []
+        for i, (t, q) in enumerate(zip(r["time_us"], r["ratio"])):
+            cells.append(_n(t))
+            if i:
+                cells.append(_n(q, 3))
+        table.add_row(r["collective"], r["algo"], str(r["nbytes"]), "in" if r["inplace"] else "out",
+                      str(r["world_size"]), *cells)
+    return rows, table
+
+
+def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = None,
+           plot_dir: str | None = None, console: Console | None = None) -> dict:
+    """A grid document's tables on stdout, and its files; returns the plots' data ({} without --plot)."""
+    out = console or Console(width=None if Console().is_terminal else 220)
+    if doc["command"] == "bench":
+        for table in scaling_tables(doc["results"]):
+            out.print(table)
+        rows = doc["results"]
+    else:
+        rows = run_rows(doc["runs"])
+        out.print(run_table(rows))
+    if json_path:
+        write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
+    if csv_path:
+        write_atomic(csv_path, _csv(rows, RUN_COLUMNS if doc["command"] == "run" else None))
+    if not plot_dir:
+        return {}
+    from commprof.report import plots
+
+    if doc["command"] == "bench":
+        return plots.bench_plots(doc["results"], plot_dir)
+    ok = [{"label": r["label"], "config": {k.lstrip("-"): _number(v) for k, v in r["config"].items()},
+           "result": r["result"]} for r in doc["runs"] if r["result"]]
+    factor = next((f.lstrip("-") for f, vs in doc["grid"].items()
+                   if len(vs) > 1 and all(isinstance(_number(v), (int, float)) for v in vs)), None)
+    return plots.run_plots(ok, plot_dir, factor=factor) if ok else {}
+
+
+def _number(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            pass
+    return value
+
+
+def _csv(rows: list[dict], columns) -> str:
+    if columns is None:
+        from commprof.report.files import CSV_COLUMNS
+        columns = CSV_COLUMNS
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()

@@ -1,0 +1,204 @@
+"""Grids: a `bench` or `run` command line whose grid flags hold comma lists runs one complete job per
+combination, one after another, and merges what they measured.
+
+    commprof run --strategy ddp,fsdp,zero2 --nproc 1,2 --batch-size 16,32 --model mnist-cnn --steps 10 \\
+                 --json grid.json --csv grid.csv --plot plots/
+    commprof bench all_reduce --nproc 1,2 -e 1M --json scaling.json --plot plots/
+
+Every combination is checked before any starts: a flag value with which no combination can run (an
+unknown strategy, `--nproc 0`) is an error; a combination that cannot run (`single` on 2 ranks, `fsdp` on
+1) is listed once and skipped. A combination that fails while running is recorded with its one-line
+reason, the others go on, and the grid exits 1 at the end. Each combination is `commprof <cmd> …` in a
+process of its own, its own ranks included, so one that dies cannot take the grid with it.
+Exercised by: `pytest tests/test_sweep.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from commprof.errors import UsageError
+
+GRID_FLAGS = {
+    "bench": ("--nproc",),
+    "run": ("--strategy", "--nproc", "--batch-size", "--model", "--precision", "--micro-batches", "--bucket-mb",
+            "--backend"),
+}
+"""Flags that take a comma list, per command; the grid is their cartesian product, in this order."""
+OUTPUTS = ("--json", "--csv", "--plot", "--trace")
+"""Flags the grid writes itself (per combination: --trace into DIR/<combination>)."""
+
+
+def _flag_value(argv: list[str], i: int) -> tuple[str, str | None, int]:
+    """(flag, value, tokens used) of the option at argv[i], `--flag value` or `--flag=value`."""
+    token = argv[i]
+    if "=" in token:
+        flag, value = token.split("=", 1)
+        return flag, value, 1
+    return token, argv[i + 1] if i + 1 < len(argv) else None, 2
+
+
+def grid_flags(command: str, argv: list[str]) -> dict[str, list[str]]:
+    """The grid flags `argv` gives a comma list, with their values; {} when argv is one job."""
+    out, i = {}, 0
+    while i < len(argv):
+        if argv[i] == "--":
+            break
+        if not argv[i].startswith("--"):
+            i += 1
+            continue
+        flag, value, used = _flag_value(argv, i)
+        if flag in GRID_FLAGS[command] and value is not None and "," in value:
+            out[flag] = [v.strip() for v in value.split(",")]
+        i += used if flag in GRID_FLAGS[command] or flag in OUTPUTS else 1
+    return out
+
+
+def wanted(command: str, argv: list[str]) -> bool:
+    """True when `commprof <command> <argv>` is for this module: a grid, or --plot (which needs the
+    job's --json after it ends, so a single job runs as a grid of one)."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return bool(grid_flags(command, argv)) or any(a.split("=", 1)[0] == "--plot" for a in head)
+
+
+def _strip(argv: list[str], flags: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """argv without `flags` (and their values), and the values they had."""
+    kept, taken, i = [], {}, 0
+    while i < len(argv):
+        if argv[i].startswith("--") and argv[i].split("=", 1)[0] in flags:
+            flag, value, used = _flag_value(argv, i)
+            taken[flag] = value
+            i += used
+        else:
+            kept.append(argv[i])
+            i += 1
+    return kept, taken
+
+
+def combinations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def label(combo: dict[str, str]) -> str:
+    return " ".join(f"{flag.lstrip('-')}={value}" for flag, value in combo.items())
+
+
+def check(command: str, base: list[str], grid: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
+    """(combinations that can run, skipped ones with why); UsageError for a value no combination takes."""
+    from commprof import cli, lifecycle
+
+    module = __import__(cli.COMMANDS[command][0], fromlist=["COMMAND"])
+    runnable, skipped, works = [], [], {flag: set() for flag in grid}
+    for combo in combinations(grid):
+        argv = [command, *base, *(f"{flag}={value}" for flag, value in combo.items())]
+        try:
+            lifecycle.configure(module.COMMAND, cli.parse(argv, command))
+        except UsageError as exc:
+            skipped.append({"label": label(combo), "config": combo, "reason": str(exc)})
+            continue
+        runnable.append(combo)
+        for flag, value in combo.items():
+            works[flag].add(value)
+    for flag, values in grid.items():
+        for value in values:
+            if value not in works[flag]:
+                why = next(s["reason"] for s in skipped if s["config"][flag] == value)
+                raise UsageError(f"{flag} {value}: no combination of the grid can run it ({why})")
+    return runnable, skipped
+
+
+def main(request: tuple[str, list[str]]) -> int:
+    """Run the grid `commprof <command> <argv>`; the exit code: 0, 1 when a combination failed."""
+    from commprof import world
+
+    command, argv = request
+    if world.discover().launched:
+        raise UsageError("a grid (comma lists in " + ", ".join(GRID_FLAGS[command]) + ") starts its own ranks: "
+                         "run it without torchrun, mpiexec or srun")
+    grid = grid_flags(command, argv)
+    base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
+    runnable, skipped = check(command, base, grid)
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if not grid:  # one job with --plot: its own output, then the plots of its --json
+        return _single(command, base, outputs)
+    for s in skipped:
+        err.print(f"skipped: {s['label']}: {s['reason']}", highlight=False)
+    runs = _run_all(command, base, runnable, outputs.get("--trace"), err)
+    doc = {"complete": True, "command": command, "argv": argv, "grid": grid, "skipped": skipped, "runs": runs}
+    if command == "bench":
+        doc["results"] = [rec for run in runs if run["result"] for rec in run["result"]["results"]]
+    from commprof.report import compare
+
+    compare.render(doc, json_path=outputs.get("--json"), csv_path=outputs.get("--csv"),
+                   plot_dir=outputs.get("--plot"))
+    failed = [r for r in runs if r["error"]]
+    for r in failed:
+        err.print(f"failed: {r['label']}: {r['error']}", highlight=False)
+    return 1 if failed else 0
+
+
+def _single(command: str, base: list[str], outputs: dict) -> int:
+    from commprof.report import plots
+
+    with tempfile.TemporaryDirectory(prefix="commprof-plot-") as tmp:
+        path = outputs.get("--json") or str(Path(tmp) / "result.json")
+        extra = [arg for flag in ("--csv", "--trace") if outputs.get(flag) for arg in (flag, outputs[flag])]
+        code = subprocess.run([sys.executable, "-m", "commprof", command, *base, *extra, "--json", path],
+                              stdin=subprocess.DEVNULL).returncode
+        doc = _result(Path(path))
+        if code or doc is None:
+            return code or 1
+        if command == "bench":
+            plots.bench_plots(doc["results"], outputs["--plot"])
+        else:
+            plots.run_plots([{"label": doc["config"]["strategy"], "config": {}, "result": doc}], outputs["--plot"])
+    return 0
+
+
+def _run_all(command: str, base: list[str], combos: list[dict], trace: str | None, err) -> list[dict]:
+    """Each combination as `commprof <command> …` in its own process, one after another."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="commprof-grid-") as tmp, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("grid", total=len(combos))
+        for i, combo in enumerate(combos):
+            name = label(combo)
+            bar.update(task, description=name)
+            path = Path(tmp) / f"{i}.json"
+            argv = [command, *base, *(f"{flag}={value}" for flag, value in combo.items()), "--json", str(path)]
+            if trace:
+                argv += ["--trace", str(Path(trace) / name.replace(" ", "_").replace("=", "-"))]
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "commprof", *argv], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "COLUMNS": "200"})
+            result, error = _result(path), None
+            if proc.returncode:
+                lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                error = (lines[-1] if lines else f"exit {proc.returncode}").removeprefix("commprof: error: ")
+                result = None
+            runs.append({"label": name, "config": combo, "exit_code": proc.returncode, "error": error,
+                         "seconds": time.monotonic() - started, "result": result})
+            bar.advance(task)
+    return runs
+
+
+def _result(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if doc.get("complete") else None

@@ -1,0 +1,168 @@
+"""PNG plots of bench and run reports, drawn from real `commprof bench` and `commprof run` JSON: each file
+exists with the intended pixel size, and the numbers each plot says it drew are the report's numbers."""
+
+import json
+import subprocess
+import sys
+
+import matplotlib.image
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from commprof.report import plots
+from spawn import env_for_tests
+
+BENCH = ["--backend", "gloo", "-b", "8", "-e", "1K", "-n", "5", "-w", "1"]
+RUN = ["--model", "mnist-cnn", "--steps", "3", "--warmup", "1", "--eval-samples", "0"]
+RUNS = {  # label -> (config as a sweep would record it, flags)
+    "ddp bs8": ({"strategy": "ddp", "batch_size": 8, "nproc": 2}, ["--strategy", "ddp", "--nproc", "2"]),
+    "ddp bs16": ({"strategy": "ddp", "batch_size": 16, "nproc": 2}, ["--strategy", "ddp", "--nproc", "2"]),
+    "single bs8": ({"strategy": "single", "batch_size": 8, "nproc": 1}, ["--strategy", "single", "--nproc", "1"]),
+}
+
+
+def commprof_json(path, *args):
+    proc = subprocess.run([sys.executable, "-m", "commprof", *args, "--json", str(path)], env=env_for_tests(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reports")
+    bench = {n: commprof_json(tmp / f"bench{n}.json", "bench", "all_reduce", "all_gather", "--nproc", str(n), *BENCH)
+             for n in (1, 2)}
+    runs = [{"label": label, "config": config,
+             "result": commprof_json(tmp / f"run{i}.json", "run", *flags, "--batch-size", str(config["batch_size"]),
+                                     *RUN)}
+            for i, (label, (config, flags)) in enumerate(RUNS.items())]
+    return bench, runs
+
+
+def pixels(path) -> tuple[int, int]:
+    """(width, height) of a PNG as read back."""
+    height, width = matplotlib.image.imread(path).shape[:2]
+    return width, height
+
+
+def size_of(inches: tuple[float, float]) -> tuple[int, int]:
+    return round(inches[0] * plots.DPI), round(inches[1] * plots.DPI)
+
+
+def by_size(records, collective, world_size, inplace=True):
+    return sorted((r for r in records if r["collective"] == collective and r["world_size"] == world_size
+                   and r["inplace"] == inplace), key=lambda r: r["nbytes"])
+
+
+def test_importing_plots_leaves_matplotlib_unloaded():
+    code = "import sys, commprof.report.plots; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
+    proc = subprocess.run([sys.executable, "-c", code], env=env_for_tests(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bench_plots_draw_the_records(reports, tmp_path):
+    bench, _ = reports
+    records = bench[1]["results"] + bench[2]["results"]
+    folder = tmp_path / "new" / "plots"  # missing: the function makes it
+    drawn = plots.bench_plots(records, folder, link_GBps=1.0)
+    assert set(drawn) == {str(folder / "bench-all_reduce.png"), str(folder / "bench-all_gather.png")}
+    for path in drawn:
+        assert pixels(path) == size_of(plots.BENCH_SIZE)
+    assert plt.get_fignums() == []  # every figure closed
+
+    reduce = drawn[str(folder / "bench-all_reduce.png")]
+    assert reduce["collective"] == "all_reduce" and reduce["link_GBps"] == 1.0
+    # all_reduce is in-place only, on one algo and backend: the rank count is all that tells series apart
+    assert list(reduce["series"]) == ["1 rank", "2 ranks"]
+    two = by_size(records, "all_reduce", 2)
+    assert len(two) == 8 and all(r["busbw_GBps"] > 0 for r in two)
+    assert reduce["series"]["2 ranks"] == {"nbytes": [r["nbytes"] for r in two], "time_us": [r["time_us"] for r in two],
+                                           "busbw_nbytes": [r["nbytes"] for r in two],
+                                           "busbw_GBps": [r["busbw_GBps"] for r in two]}
+    # one rank moves nothing over a bus: its zeros stay off the log axis, its times do not
+    one = by_size(records, "all_reduce", 1)
+    assert [r["busbw_GBps"] for r in one] == [0.0] * 8
+    assert reduce["series"]["1 rank"]["busbw_GBps"] == reduce["series"]["1 rank"]["busbw_nbytes"] == []
+    assert reduce["series"]["1 rank"]["time_us"] == [r["time_us"] for r in one]
+    assert reduce["busbw_not_drawn"] == ["1 rank"]
+
+    gather = drawn[str(folder / "bench-all_gather.png")]
+    assert list(gather["series"]) == ["1 rank, out-of-place", "1 rank, in-place",
+                                      "2 ranks, out-of-place", "2 ranks, in-place"]
+    out_of_place = by_size(records, "all_gather", 2, inplace=False)
+    assert gather["series"]["2 ranks, out-of-place"]["busbw_GBps"] == [r["busbw_GBps"] for r in out_of_place]
+
+
+def test_one_series_keeps_its_full_label(reports, tmp_path):
+    bench, _ = reports
+    records = [r for r in bench[2]["results"] if r["collective"] == "all_reduce"]
+    (data,) = plots.bench_plots(records, tmp_path).values()
+    assert list(data["series"]) == ["2 ranks, library, gloo, in-place"]
+    assert data["link_GBps"] is None
+
+
+def test_link_line_is_drawn_on_the_bandwidth_panel(reports, tmp_path):
+    bench, _ = reports
+    records = [r for r in bench[2]["results"] if r["collective"] == "all_reduce"]
+    (with_link,) = plots.bench_plots(records, tmp_path / "link", link_GBps=1.0)
+    (without,) = plots.bench_plots(records, tmp_path / "none")
+    a, b = matplotlib.image.imread(with_link), matplotlib.image.imread(without)
+    changed = np.argwhere(np.abs(a - b).max(axis=2) > 0)
+    assert len(changed) > 0
+    # the line and its legend entry, nothing in the time panel on the right
+    assert changed[:, 1].max() < a.shape[1] // 2
+    with pytest.raises(ValueError, match="link_GBps"):
+        plots.bench_plots(records, tmp_path, link_GBps=0)
+
+
+def test_run_plots_draw_the_summaries(reports, tmp_path):
+    _, runs = reports
+    drawn = plots.run_plots(runs, tmp_path, factor="batch_size")
+    iteration, factor, loss = (str(tmp_path / f"run-{name}.png") for name in ("iteration", "batch_size", "loss"))
+    assert list(drawn) == [iteration, factor, loss]
+    assert pixels(iteration) == size_of(plots.ITERATION_SIZE)
+    assert pixels(factor) == size_of(plots.FACTOR_SIZE)
+    assert pixels(loss) == size_of(plots.LOSS_SIZE)
+    assert plt.get_fignums() == []
+
+    summaries = [run["result"]["summary"] for run in runs]
+    bars = drawn[iteration]
+    assert bars["labels"] == list(RUNS)
+    for key in ("data_ms", "compute_ms", "exposed_comm_ms", "bubble_ms"):
+        assert bars["segments"][key] == [s[key] for s in summaries]
+    assert bars["segments"]["other_ms"] == [
+        max(0.0, s["wall_ms"] - s["data_ms"] - s["compute_ms"] - s["exposed_comm_ms"] - s["bubble_ms"])
+        for s in summaries]
+    assert bars["segments"]["exposed_comm_ms"][0] > 0 and bars["segments"]["exposed_comm_ms"][2] == 0
+
+    panels = drawn[factor]["panels"]
+    assert drawn[factor]["factor"] == "batch_size"
+    ddp, single = "nproc=2, strategy=ddp", "nproc=1, strategy=single"
+    assert list(panels["comm_ms"]) == [ddp, single]
+    assert panels["comm_ms"][ddp] == {"x": [8, 16], "y": [summaries[0]["comm_ms"], summaries[1]["comm_ms"]]}
+    assert panels["compute_ms"][single] == {"x": [8], "y": [summaries[2]["compute_ms"]]}
+    assert panels["throughput"][ddp]["y"] == [summaries[0]["throughput"], summaries[1]["throughput"]]
+    assert drawn[factor]["ylabels"]["throughput"] == "throughput (samples/s)"
+    payload = [sum(v["bytes_per_epoch"] for v in run["result"]["volume"].values()) / 2**20 for run in runs]
+    assert payload[0] > 0 and payload[0] == pytest.approx(2 * payload[1])  # half the steps per epoch
+    assert panels["payload_MiB"][ddp]["y"] == payload[:2]
+    assert panels["payload_MiB"][single]["y"] == [payload[2]] == [0.0]
+
+    lines = drawn[loss]["lines"]
+    assert list(lines) == list(RUNS)
+    for run in runs:
+        expected = run["result"]["metrics"]["loss"]
+        assert len(expected) == 3
+        assert lines[run["label"]] == {"step": [1, 2, 3], "loss": expected}
+
+
+def test_factor_plot_only_for_a_numeric_factor(reports, tmp_path):
+    _, runs = reports
+    for factor in ("strategy", "no_such_flag", None):
+        drawn = plots.run_plots(runs, tmp_path / str(factor), factor=factor)
+        assert sorted(p.rsplit("/", 1)[1] for p in drawn) == ["run-iteration.png", "run-loss.png"]
+        assert sorted(p.name for p in (tmp_path / str(factor)).iterdir()) == ["run-iteration.png", "run-loss.png"]
+    with pytest.raises(ValueError, match="labels"):
+        plots.run_plots(runs + runs[:1], tmp_path)

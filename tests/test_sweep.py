@@ -1,0 +1,109 @@
+"""Grids: a real `run` grid (strategies × rank counts) and a `bench --nproc 1,2` sweep on gloo, their merged
+JSON and CSV, the combinations skipped up front, a combination that fails while the others complete, the
+speed-up arithmetic, the plots written from the same data, and bad grids refused in one line."""
+
+import csv
+import json
+
+import pytest
+
+from spawn import commprof, env_for_tests
+
+RUN = ("run", "--model", "mnist-cnn", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--samples", "256")
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grid")
+    proc = commprof(*RUN, "--strategy", "ddp,single", "--nproc", "1,2", "--json", str(tmp / "grid.json"),
+                    "--csv", str(tmp / "grid.csv"), "--plot", str(tmp / "plots"))
+    return proc, tmp
+
+
+def test_run_grid_records_every_configuration_and_skips_what_cannot_run(grid):
+    proc, tmp = grid
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp / "grid.json").read_text())
+    assert doc["grid"] == {"--strategy": ["ddp", "single"], "--nproc": ["1", "2"]}
+    assert [s["label"] for s in doc["skipped"]] == ["strategy=single nproc=2"]
+    assert "strategy=single nproc=2" in proc.stderr and "skipped" in proc.stderr
+    assert [r["label"] for r in doc["runs"]] == ["strategy=ddp nproc=1", "strategy=ddp nproc=2",
+                                                 "strategy=single nproc=1"]
+    for run in doc["runs"]:
+        assert run["error"] is None and run["exit_code"] == 0
+        result = run["result"]
+        assert result["config"]["strategy"] == run["config"]["--strategy"]
+        assert result["env"]["world_size"] == int(run["config"]["--nproc"])
+    rows = list(csv.DictReader((tmp / "grid.csv").open()))
+    assert [r["label"] for r in rows] == [r["label"] for r in doc["runs"]]
+    for row, run in zip(rows, doc["runs"]):
+        assert float(row["wall_ms"]) == pytest.approx(run["result"]["summary"]["wall_ms"])
+        assert float(row["final_loss"]) == pytest.approx(run["result"]["metrics"]["final_loss"])
+
+
+def test_speedup_is_throughput_over_single_and_efficiency_over_ranks(grid):
+    _, tmp = grid
+    doc = json.loads((tmp / "grid.json").read_text())
+    rows = {r["label"]: r for r in csv.DictReader((tmp / "grid.csv").open())}
+    single = doc["runs"][2]["result"]["summary"]["throughput"]
+    for run in doc["runs"]:
+        ranks = run["result"]["env"]["world_size"]
+        speedup = run["result"]["summary"]["throughput"] / single
+        assert float(rows[run["label"]]["speedup"]) == pytest.approx(speedup)
+        assert float(rows[run["label"]]["efficiency"]) == pytest.approx(speedup / ranks)
+    assert float(rows["strategy=single nproc=1"]["speedup"]) == 1.0
+
+
+def test_grid_plots_are_written(grid):
+    _, tmp = grid
+    names = sorted(p.name for p in (tmp / "plots").iterdir())
+    assert "run-iteration.png" in names and "run-loss.png" in names, names
+    assert "run-nproc.png" in names, names  # the swept numeric factor
+
+
+def test_a_failing_configuration_is_recorded_and_the_others_complete(tmp_path):
+    # rank 1 dies in its first all_reduce: only the 2-rank configuration has a rank 1
+    proc = commprof(*RUN, "--strategy", "ddp", "--nproc", "1,2", "--json", str(tmp_path / "g.json"),
+                    env=env_for_tests(COMMPROF_FAULT="die:rank=1:op=all_reduce"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "g.json").read_text())
+    ok, bad = doc["runs"]
+    assert ok["error"] is None and ok["result"]["env"]["world_size"] == 1
+    assert bad["result"] is None and bad["exit_code"] != 0 and bad["error"]
+    assert "Traceback" not in bad["error"]
+    assert f"failed: {bad['label']}: {bad['error']}" in " ".join(proc.stderr.split())
+
+
+def test_bench_across_rank_counts(tmp_path):
+    proc = commprof("bench", "all_reduce", "all_gather", "--nproc", "1,2", "-b", "8", "-e", "1K", "-f", "128",
+                    "-n", "3", "-w", "1", "--json", str(tmp_path / "b.json"), "--csv", str(tmp_path / "b.csv"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [r["config"] for r in doc["runs"]] == [{"--nproc": "1"}, {"--nproc": "2"}]
+    got = {(r["collective"], r["world_size"], r["nbytes"], r["inplace"]) for r in doc["results"]}
+    for run in doc["runs"]:  # the merged results are exactly every job's own
+        assert {(r["collective"], r["world_size"], r["nbytes"], r["inplace"]) for r in run["result"]["results"]} <= got
+    assert {n for _, n, _, _ in got} == {1, 2}
+    assert len(doc["results"]) == sum(len(r["result"]["results"]) for r in doc["runs"])
+    rows = list(csv.DictReader((tmp_path / "b.csv").open()))
+    assert sorted(int(r["world_size"]) for r in rows) == sorted(r["world_size"] for r in doc["results"])
+    assert "across rank counts" in proc.stdout and "2 ranks time (us)" in proc.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (("bench", "--nproc", "0,2", "-n", "1"), "--nproc 0"),
+    (("run", "--strategy", "ddp,nosuch", "--nproc", "2"), "--strategy nosuch"),
+    (("run", "--strategy", "fsdp,zero2", "--nproc", "1"), "--strategy fsdp"),
+    (("bench", "--nproc", "1,x"), "--nproc x"),
+])
+def test_bad_grids_are_one_line_exit_2(args, words):
+    proc = commprof(*args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("commprof: error: ") and words in proc.stderr
+
+
+def test_a_grid_under_an_external_launcher_is_refused():
+    proc = commprof("bench", "--nproc", "1,2", env=env_for_tests(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                                                                  LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                                                  MASTER_PORT="29999"), timeout=60)
+    assert proc.returncode == 2 and "starts its own ranks" in proc.stderr, proc.stderr

@@ -71,7 +71,7 @@ def _series_parts(key: tuple) -> tuple[str, str, str, str]:
 def _labels(keys: list[tuple]) -> tuple[dict[tuple, str], str]:
     """Each series' label from the parts that differ between series, and the parts they share (for the title)."""
     parts = {key: _series_parts(key) for key in keys}
-    varying = [i for i in range(4) if True]
+    varying = [i for i in range(4) if len({p[i] for p in parts.values()}) > 1]
     shared = ", ".join(p for i, p in enumerate(next(iter(parts.values()))) if i not in varying)
     if not varying:  # one series: its full description is its only name
         return {key: ", ".join(p) for key, p in parts.items()}, shared

@@ -44,3 +44,20 @@ def refuse_plot(args) -> None:
     if getattr(args, "plot", None) is not None:
         raise UsageError("--plot draws with commprof's own launcher: under torchrun, mpiexec or srun write "
                          "--json and run `commprof report FILE --plot DIR`")
+
+
+def int_list(flag: str, spec: str | None) -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): whole numbers of at least 1, each once, in the order given."""
+    if spec is None:
+        return ()
+    out = []
+    for item in spec.split(","):
+        try:
+            value = int(item.strip())
+        except ValueError:
+            shown = spec if len(spec) <= 40 else spec[:40] + "…"
+            bad = item.strip() if len(item.strip()) <= 40 else item.strip()[:40] + "…"
+            raise UsageError(f"{flag} {shown}: {bad!r} is not a whole number") from None
+        at_least(flag, value, 1)
+        out.append(value)
+    return tuple(dict.fromkeys(out))

@@ -76,6 +76,8 @@ SIZES = Values(st.sampled_from(["8", "64", "1K", "4K", "16M", "1.5M", "64KiB", "
                st.builds("{}{}".format, st.integers(0, 1 << 64) | st.sampled_from(["0.5", "1.5", "2.0"]),
                          st.sampled_from(UNITS)))
 PATHS = Values(st.sampled_from(["out.json", "out.csv", "sub/dir/out"]), ("", ".", "/", "/nonexistent/deep/x.json", " "))
+GROUPS = Values(st.sampled_from(["1", "2", "1,2", "2,1", "2,2"]),
+                ("", "0", "-1", ",", "1,", "2,,1", "x", "1_0", " 2", "\u0663", "9" * 30, "9" * 5000, "1.5", "3"))
 CUTS = Values(st.sampled_from(["1", "2", "2,5", "1,2,3"]),
               ("", "0", "-1,3", "5,2", "2,2", "1_0", " 3", "9" * 30, "a", "2,,5", "2;5", "1.5"))
 
@@ -107,6 +109,8 @@ BENCH = (
     Flag(("--backend",), names(BACKENDS, ("tcp", "NCCL", ""))),
     Flag(("--algo",), comma_list([kernels.LIBRARY, *kernels.names()])),
     Flag(("--nproc",), INTS),
+    Flag(("--group-sizes",), GROUPS),
+    Flag(("--concurrent",), None),
     Flag(("-b", "--minbytes"), SIZES),
     Flag(("-e", "--maxbytes"), SIZES),
     Flag(("-f", "--stepfactor"), FLOATS),

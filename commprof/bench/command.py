@@ -4,6 +4,8 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     commprof bench                                  # every collective, one rank per core (or GPU)
     commprof bench all_reduce -b 8 -e 16M -f 2 --nproc 4 --json out.json
     mpiexec -n 2 commprof bench --backend mpi all_gather -d all
+    torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2,4,8   # a rank-count sweep in one launch
+    torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2 --concurrent   # 4 pairs at once
     commprof bench all_reduce --algo library,ring,rabenseifner -e 64M   # hand-written vs the library's
 
 Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.py`.
@@ -26,7 +28,7 @@ from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
 from commprof.report import files
 from commprof.report.files import Outputs
-from commprof.report.table import avg_busbw, bench_table, header
+from commprof.report.table import avg_busbw, bench_table, header, ranks_key, ranks_label
 from commprof.report.units import parse_size
 from commprof.world import World
 
@@ -41,6 +43,10 @@ def add_parser(subparsers, summary: str) -> None:
                    help=f"library (the backend's own, default), any of {', '.join(kernels.names())}, "
                         "a comma list, or all (library and every algorithm)")
     p.add_argument("--nproc", type=int, help="start N local ranks (default: one per core, or per GPU)")
+    p.add_argument("--group-sizes", metavar="K,K,…",
+                   help="run every collective on the first K ranks while the others wait, for each K in turn")
+    p.add_argument("--concurrent", action="store_true",
+                   help="with --group-sizes: every disjoint group of K ranks measures at once (contention)")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size, K/M/G suffixes (default 8)")
     p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply size by this (default 2)")
@@ -106,6 +112,9 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         flags.at_least(flag, value, low)
     flags.finite("-f", args.stepfactor)
     flags.timeout(args.timeout)
+    group_sizes = flags.int_list("--group-sizes", args.group_sizes)
+    if args.concurrent and not group_sizes:
+        raise UsageError("--concurrent runs groups of --group-sizes ranks at once: give --group-sizes")
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
         dtypes=tuple(parse_dtypes(args.datatype)),
@@ -113,7 +122,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
-        timeout_s=args.timeout, nproc=args.nproc,
+        timeout_s=args.timeout, nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
         out=Outputs(argv=tuple(args.argv), json=args.json, csv=args.csv, trace=args.trace, debug_dump=args.debug_dump))
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
@@ -149,8 +158,13 @@ class _Bench:
 
     @staticmethod
     def check_world(cfg: BenchConfig, world_size: int) -> None:
-        if not 0 <= cfg.root < world_size:
-            raise UsageError(f"--root {cfg.root} is outside 0..{world_size - 1}")
+        for k in cfg.group_sizes:
+            if k > world_size:
+                raise UsageError(f"--group-sizes {k} is more than the {world_size} rank(s) of the job")
+        smallest = min(cfg.group_sizes or (world_size,))
+        if not 0 <= cfg.root < smallest:
+            within = "" if smallest == world_size else f" of the smallest group ({smallest} ranks)"
+            raise UsageError(f"--root {cfg.root} is outside 0..{smallest - 1}{within}")
 
     @staticmethod
     def without_comm(cfg: BenchConfig, world: World) -> bool:
@@ -158,22 +172,27 @@ class _Bench:
 
     @staticmethod
     def work(cfg: BenchConfig, rank: Rank) -> int:
-        """The sweep; rank 0 prints a table per collective, rewrites the files as points arrive and
-        returns how many values were wrong (every rank's, as the sweep gathers them)."""
-        from commprof.bench.runner import plan, sweep  # torch: loaded by the ranks, not the launcher
+        """The sweep of each layout of the ranks (commprof/bench/runner.py); rank 0 prints a table per
+        collective, rewrites the files as points arrive and returns how many values were wrong (every
+        rank's, as the sweep gathers them)."""
+        from commprof.bench.runner import join, layouts, plan, sweep  # torch: loaded by the ranks only
         from commprof.profile.annotate import ANNOTATOR, MEASURED
 
-        the_plan = plan(cfg, rank.comm.world_size)
+        world = rank.comm
+        shapes = layouts(cfg, world.world_size)
+        plans = [plan(cfg, layout.size) for layout in shapes]
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-        if rank.world.rank == 0:
-            sink = _Sink(cfg, rank.env, the_plan)
+        sink = _Sink(cfg, rank.env, plans, shapes) if rank.world.rank == 0 else None
+        if sink is not None:
             rank.on_failure(sink.abandon)
-            sweep(rank.comm, cfg, the_plan, sink.add)
+        for layout, the_plan in zip(shapes, plans):
+            if sink is not None:
+                sink.begin(layout, the_plan)
+            sweep(world, join(world, layout), layout, cfg, the_plan, sink.add if sink else lambda *_: None)
+        if sink is not None:
             sink.close()
-        else:
-            sweep(rank.comm, cfg, the_plan, lambda *_: None)
         ANNOTATOR.pop()
-        return sink.wrong if rank.world.rank == 0 else 0
+        return sink.wrong if sink is not None else 0
 
     @staticmethod
     def report(cfg: BenchConfig, rank: Rank, results: list) -> int:
@@ -193,10 +212,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 class _Sink:
-    """Rank 0's end of the sweep: progress bar, a table per collective, files rewritten as rows arrive."""
+    """Rank 0's end of the sweep: progress bar, a table per collective and layout of the ranks, files
+    rewritten as rows arrive, and a scaling table per collective when groups of several sizes ran."""
 
-    def __init__(self, cfg: BenchConfig, env: dict, the_plan) -> None:
-        self.cfg, self.env, self.plan = cfg, env, the_plan
+    def __init__(self, cfg: BenchConfig, env: dict, plans: list, shapes: list) -> None:
+        self.cfg, self.env, self.shapes = cfg, env, shapes
+        self.notes = list(dict.fromkeys(n for p in plans for n in p.notes))
         out = Console()
         # Off a terminal rich assumes 80 columns; a results table should not wrap in a log file.
         self.console = out if out.is_terminal else Console(width=200)
@@ -209,8 +230,14 @@ class _Sink:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=err, transient=True,
                                  disable=not err.is_terminal)
-        self.task = self.progress.add_task("sweep", total=len(the_plan.points))
+        self.task = self.progress.add_task("sweep", total=sum(len(p.points) for p in plans))
         self.progress.start()
+
+    def begin(self, layout, the_plan) -> None:
+        """The next layout's sweep starts: the last one's table is complete."""
+        if self.current:
+            self._flush()
+        self.layout, self.plan = layout, the_plan
 
     def add(self, point, records: list[dict]) -> None:
         if self.current and (self.current[0]["collective"], self.current[0]["algo"]) != (
@@ -219,14 +246,16 @@ class _Sink:
         self.current.extend(records)
         self.results.extend(records)
         self.wrong += sum(r["wrong"] or 0 for r in records)
+        where = "" if self.layout.whole else f" · {ranks_label(ranks_key(records[0]))}"
         self.progress.update(self.task, advance=1,
-                             description=f"{point.collective.name} {point.dtype or ''} {point.count} el.")
+                             description=f"{point.collective.name} {point.dtype or ''} {point.count} el.{where}")
         self._write(complete=False, reason="running", sync=False)  # a rank killed next loses nothing
 
     def _flush(self) -> None:
         name, algo = self.current[0]["collective"], self.current[0]["algo"]
         label = name if algo == kernels.LIBRARY else f"{name}/{algo}"
         notes = [n for n in self.plan.notes if n.startswith((name + " ", label + " "))]
+        notes += _layout_notes(self.layout)
         self.shown.update(notes)
         self.progress.stop()
         self.console.print(bench_table(name, self.current, notes))
@@ -246,7 +275,12 @@ class _Sink:
             self._flush()
         self.progress.stop()
         self._write(complete=True)
-        for note in self.plan.notes:
+        if len(self.shapes) > 1:
+            from commprof.report.compare import scaling_tables
+
+            for table in scaling_tables(self.results):
+                self.console.print(table)
+        for note in self.notes:
             if note not in self.shown:  # combinations skipped entirely
                 self.console.print(f"note: {note}")
 
@@ -254,3 +288,16 @@ class _Sink:
         """The job failed: every point measured so far, marked incomplete with the reason."""
         self.progress.stop()
         self._write(complete=False, reason=message)
+
+
+def _layout_notes(layout) -> list[str]:
+    """What a table of groups measured at once, or of a job with ranks left waiting, needs said."""
+    notes = []
+    if len(layout.groups) > 1:
+        notes.append(f"{len(layout.groups)} groups of {layout.size} ranks measured at once; time and busbw over "
+                     "all their ranks, each group's own in the JSON (group_time_us, group_busbw_GBps)")
+    busy = sum(len(g) for g in layout.groups)
+    if busy < layout.world_size:
+        waiting = f"rank {busy}" if busy == layout.world_size - 1 else f"ranks {busy}-{layout.world_size - 1}"
+        notes.append(f"{waiting} waited while {layout.label(0) if len(layout.groups) == 1 else 'the groups'} measured")
+    return notes

@@ -55,6 +55,12 @@ class BenchConfig:
     """A rank blocked longer than this in one op ends the run (--timeout)."""
     nproc: int | None = None
     """Local ranks to start (--nproc); None: one per core, or per GPU."""
+    group_sizes: tuple[int, ...] = ()
+    """Run every collective on groups of each of these many ranks, one size after another
+    (--group-sizes); empty: on all the job's ranks."""
+    concurrent: bool = False
+    """Each group size runs on every disjoint group of that many ranks at once (--concurrent), instead
+    of on the first ranks alone while the rest wait."""
     out: Outputs = Outputs()
     """Files the job writes and the command line it was started with."""
 

@@ -1,7 +1,10 @@
 """The sweep: for each collective, dtype, op and size, check once, warm up, time each iteration on
 every rank, gather the times on rank 0 and turn them into one record per mode (out-of-place, in-place).
 
-Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py`.
+A sweep runs on one layout of the job's ranks: all of them (the default), the first k while the others
+wait (--group-sizes k), or every disjoint group of k at once (--concurrent). Ranks outside every group
+pass each point's two world barriers with the members, so nobody waits longer than one point and the
+concurrent groups start each timed loop together. Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,54 @@ class Point:
     """`library`, or the name of a commprof.kernels algorithm."""
     module: ModuleType | None = None
     """That algorithm's module (None for the library)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which ranks run the collectives of one sweep."""
+
+    size: int
+    """Ranks per group: the n of every bus factor and size rounding."""
+    groups: tuple[tuple[int, ...], ...]
+    """Global ranks of each group; the groups measure at the same time."""
+    world_size: int
+    """Ranks in the job."""
+    concurrent: bool = False
+    """Made by --concurrent (even where one group fills the job)."""
+
+    @property
+    def whole(self) -> bool:
+        """One group of every rank: the world Comm itself runs the sweep."""
+        return self.size == self.world_size and not self.concurrent
+
+    def label(self, i: int = 0) -> str:
+        """Name of group i in the op log, NVTX messages and the trace."""
+        ranks = self.groups[i]
+        return f"ranks{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank{ranks[0]}"
+
+
+def layouts(cfg: BenchConfig, world_size: int) -> list[Layout]:
+    """The sweeps a job runs, in order: one per group size (checked by the CLI), or one of every rank."""
+    if not cfg.group_sizes:
+        return [Layout(world_size, (tuple(range(world_size)),), world_size)]
+    out = []
+    for k in cfg.group_sizes:
+        count = world_size // k if cfg.concurrent else 1
+        out.append(Layout(k, tuple(tuple(range(g * k, (g + 1) * k)) for g in range(count)), world_size,
+                          cfg.concurrent))
+    return out
+
+
+def join(world: Comm, layout: Layout) -> Comm | None:
+    """This rank's Comm for `layout` (the world's own when it is the whole job); None outside every group.
+    Every rank calls it, as new_group requires."""
+    if layout.whole:
+        return world
+    mine = None
+    for i, ranks in enumerate(layout.groups):
+        sub = world.new_group(list(ranks), label=layout.label(i))
+        mine = sub if sub is not None else mine
+    return mine
 
 
 @dataclass
@@ -113,9 +164,10 @@ def _sized(coll, dtype, op, modes, sizes, n, notes, algo, module) -> Iterator[Po
             notes.append(note)
 
 
-def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[list[int], int | None, int | None]:
+def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool,
+            start: Callable[[], None]) -> tuple[list[int], int | None, int | None]:
     """This rank's per-iteration times (ns), wrong-element count, and (for a hand-written algorithm)
-    bytes it sent per call, for one point and mode."""
+    bytes it sent per call, for one point and mode. `start` is the barrier the timed loop begins after."""
     dtype = DTYPES[point.dtype] if point.dtype else None
     target = comm if point.module is None else kernels.bind(comm, point.module)
     case = point.collective.prepare(target, point.count, dtype, point.op or "sum", inplace, cfg.root)
@@ -128,7 +180,7 @@ def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[
     for _ in range(cfg.warmup):
         run()
     recorder = comm.recorder
-    comm.control_barrier()
+    start()
     mark = recorder.mark()
     if point.module is None:
         for _ in range(cfg.iters):
@@ -146,30 +198,51 @@ def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool) -> tuple[
     return times, wrong, sent
 
 
-def sweep(comm: Comm, cfg: BenchConfig, the_plan: Plan,
+def sweep(world: Comm, group: Comm | None, layout: Layout, cfg: BenchConfig, the_plan: Plan,
           on_point: Callable[[Point, list[dict]], None]) -> None:
-    """Measure every point; on rank 0 call `on_point(point, records)` as each completes. The library
-    sendrecv rows (first in the plan when algorithms run) give the α–β fit the algorithms' rows carry."""
+    """Measure every point on `group` (None: this rank waits with the others); on rank 0 call
+    `on_point(point, records)` as each completes. The library sendrecv rows (first in the plan when
+    algorithms run) give the α–β fit the algorithms' rows carry."""
     p2p: list[tuple[int, float]] = []
     fit: alphabeta.AlphaBeta | None = None
     for point in the_plan.points:
-        results = {m: measure(comm, cfg, point, m) for m in point.modes}
-        gathered = comm.gather_object(results, dst=0)
+        if group is None:
+            results = None
+            for _ in point.modes:
+                world.control_barrier()  # the one each member passes before its timed loop
+        else:
+            results = {m: measure(group, cfg, point, m, world.control_barrier) for m in point.modes}
+        gathered = world.gather_object(results, dst=0)
         if gathered is None:
             continue
-        records = [make_record(comm, cfg, point, m, [g[m] for g in gathered]) for m in point.modes]
+        records = [layout_record(cfg, point, m, layout, gathered) for m in point.modes]
         if point.module is None and point.collective.name == "sendrecv":
             p2p.extend((r["nbytes"], r["time_us"] * 1e-6) for r in records)
         elif point.module is not None:
             fit = fit or alphabeta.fit(p2p)
             for rec in records:
-                add_model(rec, point, comm.world_size, fit)
+                add_model(rec, point, layout.size, fit)
         on_point(point, records)
 
 
-def make_record(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool, per_rank: list) -> dict:
-    """One JSON record: nccl-tests' row plus per-rank statistics and the raw times."""
-    coll, n = point.collective, comm.world_size
+def layout_record(cfg: BenchConfig, point: Point, inplace: bool, layout: Layout, gathered: list) -> dict:
+    """The record of one point and mode over every group of the layout: times combine over all their
+    ranks, and concurrent groups each keep their own time and bus bandwidth as well."""
+    per_group = [[gathered[r][inplace] for r in ranks] for ranks in layout.groups]
+    record = make_record(cfg, point, inplace, [row for rows in per_group for row in rows], layout.size)
+    record.update(world_size=layout.world_size, group_size=layout.size, groups=len(layout.groups),
+                  concurrent=layout.concurrent)
+    if len(per_group) > 1:
+        own = [make_record(cfg, point, inplace, rows, layout.size) for rows in per_group]
+        record["group_time_us"] = [r["time_us"] for r in own]
+        record["group_busbw_GBps"] = [r["busbw_GBps"] for r in own]
+    return record
+
+
+def make_record(cfg: BenchConfig, point: Point, inplace: bool, per_rank: list, n: int) -> dict:
+    """One JSON record of `n`-rank collectives: nccl-tests' row plus per-rank statistics and the raw
+    times (of every rank in `per_rank`)."""
+    coll = point.collective
     esize = DTYPES[point.dtype].itemsize if point.dtype else 0
     nbytes = point.count * esize
     times = [t for t, _, _ in per_rank]
@@ -189,7 +262,8 @@ def make_record(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool, per_r
     }
     if point.module is not None:
         record["sent_bytes"] = [s for _, _, s in per_rank]
-        record["sent_bytes_model"] = [point.module.sent_bytes(n, r, point.count, esize, cfg.root) for r in range(n)]
+        record["sent_bytes_model"] = [point.module.sent_bytes(n, r % n, point.count, esize, cfg.root)
+                                      for r in range(len(per_rank))]
     return record
 
 

@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from commprof.report import compare
-    from commprof.report.table import avg_busbw, bench_table, header
+    from commprof.report.table import avg_busbw, bench_table, header, ranks_key
 
     loaded = [(path, *load(path)) for path in args.files]
     kinds = {kind if kind != "grid" else doc["command"] for _, kind, doc in loaded}
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
             for coll, records in by_coll.items():
                 out.print(bench_table(coll, records))
                 out.print(f"# {coll} avg bus bandwidth: {avg_busbw(records):.3f} GB/s")
-            if len({r["world_size"] for r in docs[0]["results"]}) > 1:
+            if len({ranks_key(r) for r in docs[0]["results"]}) > 1:
                 for table in compare.scaling_tables(docs[0]["results"]):
                     out.print(table)
         else:

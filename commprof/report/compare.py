@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commprof.report.files import write_atomic
+from commprof.report.table import ranks_key, ranks_label
 from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
@@ -93,12 +94,12 @@ def run_table(rows: list[dict], title: str = "grid") -> Table:
     return table
 
 
-def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[int, dict]]]:
-    """(collective, algo, backend, dtype, redop, inplace) -> size -> world size -> record."""
+def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[tuple, dict]]]:
+    """(collective, algo, backend, dtype, redop, inplace) -> size -> (group size, groups) -> record."""
     out: dict = defaultdict(lambda: defaultdict(dict))
     for rec in records:
         key = (rec["collective"], rec["algo"], rec["backend"], rec["dtype"], rec["redop"], rec["inplace"])
-        out[key][rec["nbytes"]][rec["world_size"]] = rec
+        out[key][rec["nbytes"]][ranks_key(rec)] = rec
     return out
 
 
@@ -112,8 +113,8 @@ def scaling_tables(records: list[dict]) -> list[Table]:
                             f"{'in' if inplace else 'out-of'}-place) across rank counts")
         table.add_column("size (B)", justify="right")
         for n in sizes:
-            table.add_column(f"{n} rank{'s' if n > 1 else ''} time (us)", justify="right")
-            table.add_column(f"{n} busbw (GB/s)", justify="right")
+            table.add_column(f"{ranks_label(n)} time (us)", justify="right")
+            table.add_column("busbw (GB/s)", justify="right")
         for nbytes in sorted(by_size):
             cells = []
             for n in sizes:
@@ -127,14 +128,14 @@ def scaling_tables(records: list[dict]) -> list[Table]:
 def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]:
     """Bench files side by side: each (collective, algo, size, mode, dtype, op, ranks) row's time in every
     file, and each file's time over the first file's."""
-    keyed = [{(r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], r["world_size"]): r
+    keyed = [{(r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], ranks_key(r)): r
               for r in doc["results"]} for doc in docs]
     rows = []
     for key in sorted(set().union(*keyed), key=lambda k: tuple(str(x) for x in k[:2]) + (k[2], k[3], str(k[4:]))):
         times = [k[key]["time_us"] if key in k else None for k in keyed]
         first = times[0]
         rows.append({"collective": key[0], "algo": key[1], "nbytes": key[2], "inplace": key[3], "dtype": key[4],
-                     "redop": key[5], "world_size": key[6], "time_us": times,
+                     "redop": key[5], "ranks": key[6], "time_us": times,
                      "ratio": [None if t is None or not first else t / first for t in times]})
     table = Table(title="bench results side by side: time (us), and over the first file's")
     for h in ("collective", "algo", "size (B)", "mode", "ranks"):
@@ -150,7 +151,7 @@ def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]
             if i:
                 cells.append(_n(q, 3))
         table.add_row(r["collective"], r["algo"], str(r["nbytes"]), "in" if r["inplace"] else "out",
-                      str(r["world_size"]), *cells)
+                      ranks_label(r["ranks"]), *cells)
     return rows, table
 
 

@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "dtype", "redop", "root", "inplace", "nbytes", "count",
-               "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank",
+CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "group_size", "groups", "dtype", "redop", "root",
+               "inplace", "nbytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank",
                "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
 
 

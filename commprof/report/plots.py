@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+from commprof.report.table import ranks_key, ranks_label
 from commprof.report.units import format_bytes
 
 DPI = 100
@@ -63,9 +64,8 @@ def _figure(path: Path, size: tuple[float, float], nrows: int = 1, ncols: int = 
 
 
 def _series_parts(key: tuple) -> tuple[str, str, str, str]:
-    world_size, algo, backend, inplace = key
-    return (f"{world_size} rank{'' if world_size == 1 else 's'}", str(algo), str(backend),
-            "in-place" if inplace else "out-of-place")
+    ranks, algo, backend, inplace = key
+    return ranks_label(ranks), str(algo), str(backend), "in-place" if inplace else "out-of-place"
 
 
 def _labels(keys: list[tuple]) -> tuple[dict[tuple, str], str]:
@@ -89,7 +89,8 @@ def _bytes_axis(ax) -> None:
 
 def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None) -> dict[str, dict]:
     """One PNG per collective, folder/bench-<collective>.png: bus bandwidth (GB/s) and time (µs) against size
-    (bytes), log-log, one curve per series — the records sharing (world_size, algo, backend, inplace).
+    (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace), where ranks
+    is the group size and how many groups measured at once (report/table.py's ranks_key).
 
     A label names only what differs between the collective's series ("1 rank", "2 ranks"); what they share
     goes in the title. Points a log axis cannot show (a value <= 0, as the bus bandwidth of one rank) are left
@@ -105,7 +106,7 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
     folder.mkdir(parents=True, exist_ok=True)
     by_collective: dict[str, dict[tuple, list[dict]]] = {}
     for r in records:
-        key = (r["world_size"], r["algo"], r["backend"], bool(r["inplace"]))
+        key = (ranks_key(r), r["algo"], r["backend"], bool(r["inplace"]))
         by_collective.setdefault(r["collective"], {}).setdefault(key, []).append(r)
 
     drawn = {}

@@ -32,8 +32,8 @@ GRID_FLAGS = {
             "--backend"),
 }
 """Flags that take a comma list, per command; the grid is their cartesian product, in this order."""
-OUTPUTS = ("--json", "--csv", "--plot", "--trace")
-"""Flags the grid writes itself (per combination: --trace into DIR/<combination>)."""
+OUTPUTS = ("--json", "--csv", "--plot", "--trace", "--link-rate")
+"""Flags the grid writes itself (per combination: --trace into DIR/<combination>), or draws with."""
 
 
 def _flag_value(argv: list[str], i: int) -> tuple[str, str | None, int]:
@@ -124,12 +124,13 @@ def main(request: tuple[str, list[str]]) -> int:
                          "run it without torchrun, mpiexec or srun")
     grid = grid_flags(command, argv)
     base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
+    link = _link_rate(command, outputs)
     runnable, skipped = check(command, base, grid)
     from rich.console import Console
 
     err = Console(stderr=True)
     if not grid:  # one job with --plot: its own output, then the plots of its --json
-        return _single(command, base, outputs)
+        return _single(command, base, outputs, link)
     for s in skipped:
         err.print(f"skipped: {s['label']}: {s['reason']}", highlight=False)
     runs = _run_all(command, base, runnable, outputs.get("--trace"), err)
@@ -139,14 +140,25 @@ def main(request: tuple[str, list[str]]) -> int:
     from commprof.report import compare
 
     compare.render(doc, json_path=outputs.get("--json"), csv_path=outputs.get("--csv"),
-                   plot_dir=outputs.get("--plot"))
+                   plot_dir=outputs.get("--plot"), link_GBps=link)
     failed = [r for r in runs if r["error"]]
     for r in failed:
         err.print(f"failed: {r['label']}: {r['error']}", highlight=False)
     return 1 if failed else 0
 
 
-def _single(command: str, base: list[str], outputs: dict) -> int:
+def _link_rate(command: str, outputs: dict) -> float | None:
+    """--link-rate in GB/s, checked before anything runs; it needs --plot and bench's figures."""
+    if outputs.get("--link-rate") is None:
+        return None
+    from commprof.report.units import parse_rate
+
+    if command != "bench" or not outputs.get("--plot"):
+        raise UsageError("--link-rate is drawn on bench's --plot figures: give --plot DIR too")
+    return parse_rate(outputs["--link-rate"], "--link-rate")
+
+
+def _single(command: str, base: list[str], outputs: dict, link: float | None) -> int:
     from commprof.report import plots
 
     with tempfile.TemporaryDirectory(prefix="commprof-plot-") as tmp:
@@ -158,7 +170,7 @@ def _single(command: str, base: list[str], outputs: dict) -> int:
         if code or doc is None:
             return code or 1
         if command == "bench":
-            plots.bench_plots(doc["results"], outputs["--plot"])
+            plots.bench_plots(doc["results"], outputs["--plot"], link_GBps=link)
         else:
             plots.run_plots([{"label": doc["config"]["strategy"], "config": {}, "result": doc}], outputs["--plot"])
     return 0

@@ -78,6 +78,8 @@ SIZES = Values(st.sampled_from(["8", "64", "1K", "4K", "16M", "1.5M", "64KiB", "
 PATHS = Values(st.sampled_from(["out.json", "out.csv", "sub/dir/out"]), ("", ".", "/", "/nonexistent/deep/x.json", " "))
 GROUPS = Values(st.sampled_from(["1", "2", "1,2", "2,1", "2,2"]),
                 ("", "0", "-1", ",", "1,", "2,,1", "x", "1_0", " 2", "\u0663", "9" * 30, "9" * 5000, "1.5", "3"))
+RATES = Values(st.sampled_from(["25", "25GB/s", "200Gbit/s", "0.5"]),
+               ("", "0", "-1", "1Gb/s", "1Gbps", "nan", "inf", "9" * 400, "25 GB", "1e3"))
 CUTS = Values(st.sampled_from(["1", "2", "2,5", "1,2,3"]),
               ("", "0", "-1,3", "5,2", "2,2", "1_0", " 3", "9" * 30, "a", "2,,5", "2;5", "1.5"))
 
@@ -127,6 +129,7 @@ BENCH = (
     Flag(("--trace",), PATHS),
     Flag(("--csv",), PATHS),
     Flag(("--plot",), PATHS),
+    Flag(("--link-rate",), RATES),
     Flag(("--debug-dump",), PATHS),
 )
 RUN = (

@@ -72,3 +72,28 @@ def test_files_that_are_not_whole_results_are_one_line_exit_2(saved, tmp_path):
         assert proc.stderr.startswith("commprof: error: ") and words in proc.stderr, (name, proc.stderr)
     proc = commprof("report", str(tmp / "bench.json"), str(tmp / "run.json"), timeout=60)
     assert proc.returncode == 2 and "not both" in proc.stderr
+
+
+def test_link_rate_is_drawn_on_the_bench_plots(saved, tmp_path):
+    import matplotlib.image
+
+    tmp, _ = saved
+    for name, extra in (("plain", ()), ("link", ("--link-rate", "200Gbit/s"))):
+        proc = commprof("report", str(tmp / "bench.json"), "--plot", str(tmp_path / name), *extra, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    plain, link = (matplotlib.image.imread(tmp_path / d / "bench-all_reduce.png") for d in ("plain", "link"))
+    assert plain.shape == link.shape and (plain != link).any()  # the line and its legend entry
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--plot", "d", "--link-rate", "1Gb/s"), "cannot read rate '1Gb/s' of --link-rate"),
+    (("--link-rate", "25"), "--link-rate is drawn on the --plot figures"),
+    (("--plot", "d", "--link-rate", "0"), "--link-rate 0: the rate must be positive"),
+])
+def test_bad_link_rates_are_one_line_exit_2(saved, tmp_path, args, words):
+    tmp, _ = saved
+    proc = commprof("report", str(tmp / "bench.json"), *args, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("commprof: error: ") and words in proc.stderr, proc.stderr
+    proc = commprof("report", str(tmp / "run.json"), "--plot", str(tmp_path), "--link-rate", "25", timeout=60)
+    assert proc.returncode == 2 and "--link-rate is drawn on bench figures" in proc.stderr, proc.stderr

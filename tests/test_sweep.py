@@ -76,7 +76,8 @@ def test_a_failing_configuration_is_recorded_and_the_others_complete(tmp_path):
 
 def test_bench_across_rank_counts(tmp_path):
     proc = commprof("bench", "all_reduce", "all_gather", "--nproc", "1,2", "-b", "8", "-e", "1K", "-f", "128",
-                    "-n", "3", "-w", "1", "--json", str(tmp_path / "b.json"), "--csv", str(tmp_path / "b.csv"))
+                    "-n", "3", "-w", "1", "--json", str(tmp_path / "b.json"), "--csv", str(tmp_path / "b.csv"),
+                    "--plot", str(tmp_path / "plots"), "--link-rate", "200Gbit/s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "b.json").read_text())
     assert [r["config"] for r in doc["runs"]] == [{"--nproc": "1"}, {"--nproc": "2"}]
@@ -88,6 +89,7 @@ def test_bench_across_rank_counts(tmp_path):
     rows = list(csv.DictReader((tmp_path / "b.csv").open()))
     assert sorted(int(r["world_size"]) for r in rows) == sorted(r["world_size"] for r in doc["results"])
     assert "across rank counts" in proc.stdout and "2 ranks time (us)" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["bench-all_gather.png", "bench-all_reduce.png"]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -95,6 +97,8 @@ def test_bench_across_rank_counts(tmp_path):
     (("run", "--strategy", "ddp,nosuch", "--nproc", "2"), "--strategy nosuch"),
     (("run", "--strategy", "fsdp,zero2", "--nproc", "1"), "--strategy fsdp"),
     (("bench", "--nproc", "1,x"), "--nproc x"),
+    (("bench", "--nproc", "1,2", "--link-rate", "25"), "--link-rate is drawn on bench's --plot figures"),
+    (("bench", "--nproc", "1,2", "--plot", "p", "--link-rate", "1Gb/s"), "cannot read rate '1Gb/s'"),
 ])
 def test_bad_grids_are_one_line_exit_2(args, words):
     proc = commprof(*args, timeout=60)

@@ -6,7 +6,7 @@ from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.errors import UsageError
 from commprof.profile.stats import bandwidths, summarize
-from commprof.report.units import format_bytes, parse_size
+from commprof.report.units import format_bytes, parse_rate, parse_size
 
 
 @pytest.mark.parametrize("text,value", [("8", 8), ("64K", 65536), ("16M", 16 << 20), ("1G", 1 << 30),
@@ -19,6 +19,18 @@ def test_parse_size(text, value):
 def test_parse_size_rejects(bad):
     with pytest.raises(UsageError, match="cannot read size"):
         parse_size(bad)
+
+
+@pytest.mark.parametrize("text,value", [("25", 25.0), ("25GB/s", 25.0), ("200Gbit/s", 25.0), (" 1.5 TB/s", 1500.0),
+                                        ("400 Mbit/s", 0.05), ("800MB/s", 0.8)])
+def test_parse_rate_in_GBps(text, value):
+    assert parse_rate(text, "--link-rate") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["", "fast", "1Gb/s", "1Gbps", "-3", "25 GB", "1e3"])
+def test_parse_rate_rejects_what_it_cannot_read_for_sure(bad):
+    with pytest.raises(UsageError, match="cannot read rate"):
+        parse_rate(bad, "--link-rate")
 
 
 def test_format_bytes():

@@ -64,6 +64,8 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
+    p.add_argument("--link-rate", metavar="RATE",
+                   help="the link's rate, drawn on --plot's bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
     p.add_argument("--debug-dump", metavar="DIR",
                    help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.set_defaults(func=main)
@@ -102,6 +104,8 @@ def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
     flags.refuse_plot(args)
+    if args.link_rate is not None:
+        raise UsageError("--link-rate is drawn on the --plot figures: give --plot DIR too")
     algos = parse_algos(args.algo)
     names = _collectives(args, algos)
     backend = args.backend or default_backend()

@@ -23,6 +23,8 @@ def add_parser(subparsers, summary: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE", help="--json files of commprof bench, run or a grid")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")
+    p.add_argument("--link-rate", metavar="RATE",
+                   help="the link's rate, drawn on the bench bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
     p.set_defaults(func=main)
 
 
@@ -57,7 +59,16 @@ def main(args: argparse.Namespace) -> int:
     from commprof.report import compare
     from commprof.report.table import avg_busbw, bench_table, header, ranks_key
 
+    link = None
+    if args.link_rate is not None:
+        from commprof.report.units import parse_rate
+
+        link = parse_rate(args.link_rate, "--link-rate")
+        if not args.plot:
+            raise UsageError("--link-rate is drawn on the --plot figures: give --plot DIR too")
     loaded = [(path, *load(path)) for path in args.files]
+    if link is not None and any(k == "run" or d.get("command") == "run" for _, k, d in loaded):
+        raise UsageError("--link-rate is drawn on bench figures; these are run results")
     kinds = {kind if kind != "grid" else doc["command"] for _, kind, doc in loaded}
     if len(kinds) > 1:
         raise UsageError("report takes bench results or run results, not both: "
@@ -82,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         if args.plot:
             from commprof.report import plots
 
-            plots.bench_plots([r for d in docs for r in d["results"]], args.plot)
+            plots.bench_plots([r for d in docs for r in d["results"]], args.plot, link_GBps=link)
         return 0
     runs, grid = [], {}
     for path, kind, doc in loaded:

@@ -156,7 +156,7 @@ def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]
 
 
 def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = None,
-           plot_dir: str | None = None, console: Console | None = None) -> dict:
+           plot_dir: str | None = None, link_GBps: float | None = None, console: Console | None = None) -> dict:
     """A grid document's tables on stdout, and its files; returns the plots' data ({} without --plot)."""
     out = console or Console(width=None if Console().is_terminal else 220)
     if doc["command"] == "bench":
@@ -175,7 +175,7 @@ def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = No
     from commprof.report import plots
 
     if doc["command"] == "bench":
-        return plots.bench_plots(doc["results"], plot_dir)
+        return plots.bench_plots(doc["results"], plot_dir, link_GBps=link_GBps)
     ok = [{"label": r["label"], "config": {k.lstrip("-"): _number(v) for k, v in r["config"].items()},
            "result": r["result"]} for r in doc["runs"] if r["result"]]
     factor = next((f.lstrip("-") for f, vs in doc["grid"].items()

@@ -132,7 +132,7 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
                     bw.plot(d["busbw_nbytes"], d["busbw_GBps"], "o-", color=color, markersize=4, label=label)
                 tm.plot(d["nbytes"], d["time_us"], "o-", color=color, markersize=4, label=label)
             if link_GBps is not None:
-                bw.axhline(link_GBps, linestyle="--", color="gray", label="link")
+                bw.axhline(link_GBps, linestyle="--", color="gray", label=f"link {link_GBps:g} GB/s")
             for ax, title, ylabel in ((bw, "bus bandwidth", "bus bandwidth (GB/s)"), (tm, "time", "time (µs)")):
                 _bytes_axis(ax)
                 ax.set_yscale("log")

@@ -1,4 +1,4 @@
-"""Byte sizes in and out: '64K' -> 65536 for the CLI, 65536 -> '64 KiB' for labels.
+"""Byte sizes in and out: '64K' -> 65536 for the CLI, 65536 -> '64 KiB' for labels; link rates in.
 
 K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/test_units_stats.py` and
 `pytest tests/test_fuzz_cli.py`.
@@ -29,6 +29,23 @@ def parse_size(text: str, flag: str | None = None) -> int:
     if size > MAX_SIZE:
         raise UsageError(f"size {text!r}{of} is over {MAX_SIZE} bytes")
     return int(size)
+
+
+RATES = {"": 1.0, "GB/s": 1.0, "MB/s": 1e-3, "TB/s": 1e3, "Gbit/s": 1 / 8, "Mbit/s": 1e-3 / 8, "Tbit/s": 1e3 / 8}
+"""A link's rate in GB/s (10^9 bytes a second, as busbw) per unit; bytes are B and bits are bit, spelled
+out, since 'Gb/s' and 'Gbps' are read both ways."""
+
+
+def parse_rate(text: str, flag: str) -> float:
+    """'25', '25GB/s', '100Gbit/s', '400 Mbit/s' -> GB/s; a bare number is GB/s."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z/]*)\s*", text, re.ASCII)
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    if not match or match.group(2) not in RATES:
+        raise UsageError(f"cannot read rate {shown!r} of {flag}: use GB/s, e.g. 25, 25GB/s or 200Gbit/s")
+    rate = float(match.group(1)) * RATES[match.group(2)]
+    if not 0 < rate < float("inf"):
+        raise UsageError(f"{flag} {shown}: the rate must be positive and finite")
+    return rate
 
 
 def format_bytes(n: int) -> str:

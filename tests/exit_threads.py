@@ -13,7 +13,10 @@ _exit = os._exit
 
 def _report_and_exit(code: int) -> None:
     alive = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    print(f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}", flush=True)
+    # One write of the whole line: print() under PYTHONUNBUFFERED writes the text and its newline apart,
+    # and mpiexec's forwarding can put the other rank's line between them.
+    sys.stdout.flush()
+    os.write(1, f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}\n".encode())
     _exit(code)
 
 

@@ -3,13 +3,15 @@ every rank, gather the times on rank 0 and turn them into one record per mode (o
 
 A sweep runs on one layout of the job's ranks: all of them (the default), the first k while the others
 wait (--group-sizes k), or every disjoint group of k at once (--concurrent). Ranks outside every group
-pass each point's two world barriers with the members, so nobody waits longer than one point and the
-concurrent groups start each timed loop together. Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py`.
+pass each point's world barriers with the members (one before each timed loop, one after the last), idle
+ones that sleep rather than spin, so nobody waits longer than one point, the waiting ranks leave their
+cores to the measuring ones, and concurrent groups start each timed loop together. Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
 from typing import Callable, Iterator
 
@@ -205,13 +207,18 @@ def sweep(world: Comm, group: Comm | None, layout: Layout, cfg: BenchConfig, the
     algorithms run) give the α–β fit the algorithms' rows carry."""
     p2p: list[tuple[int, float]] = []
     fit: alphabeta.AlphaBeta | None = None
+    # a member's end of the barriers the waiting ranks pass idle; the whole job's plain barrier otherwise
+    start = world.control_barrier if layout.whole else partial(world.control_barrier, idle=False)
     for point in the_plan.points:
         if group is None:
             results = None
             for _ in point.modes:
-                world.control_barrier()  # the one each member passes before its timed loop
+                world.control_barrier(idle=True)  # the one each member passes before its timed loop
+            world.control_barrier(idle=True)  # wait out the timed loops here: a gather would spin
         else:
-            results = {m: measure(group, cfg, point, m, world.control_barrier) for m in point.modes}
+            results = {m: measure(group, cfg, point, m, start) for m in point.modes}
+            if not layout.whole:
+                start()
         gathered = world.gather_object(results, dst=0)
         if gathered is None:
             continue

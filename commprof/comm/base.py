@@ -193,9 +193,12 @@ class Comm:
         """Rank `src`'s picklable `obj`, on every rank."""
         return self._blocking("broadcast_object", self._broadcast_object, obj, src)
 
-    def control_barrier(self) -> None:
-        """Wait for every rank, outside the op log."""
-        self._blocking("control_barrier", self._control_barrier)
+    def control_barrier(self, *, idle: bool | None = None) -> None:
+        """Wait for every rank, outside the op log. A barrier where some ranks have nothing to do until
+        the others arrive (bench's ranks outside every group) passes `idle` on every rank: True where the
+        rank waits without spinning, leaving its core to the others, False elsewhere (MPI matches that
+        barrier, a nonblocking one, only with nonblocking ones)."""
+        self._blocking("control_barrier", self._control_barrier, idle)
 
     def _blocking(self, name: str, fn, *args):
         self.busy_seq += 1
@@ -230,7 +233,7 @@ class Comm:
     def _barrier(self): raise NotImplementedError
     def _gather_object(self, obj, dst): raise NotImplementedError
     def _broadcast_object(self, obj, src): raise NotImplementedError
-    def _control_barrier(self): raise NotImplementedError
+    def _control_barrier(self, idle): raise NotImplementedError
 
     def _wait(self, work) -> None:
         """Block until backend `work` (a torch Work or MPI Request) has completed."""

@@ -131,7 +131,7 @@ class TorchComm(Comm):
         dist.broadcast_object_list(box, src=self._peer(src), group=group)
         return box[0]
 
-    def _control_barrier(self) -> None:
+    def _control_barrier(self, idle) -> None:  # gloo blocks in the kernel: no spinning to avoid
         group = self._control if self._control is not None else self._group
         dist.barrier(group=group)
 

@@ -126,9 +126,11 @@ def scaling_tables(records: list[dict]) -> list[Table]:
 
 
 def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]:
-    """Bench files side by side: each (collective, algo, size, mode, dtype, op, ranks) row's time in every
-    file, and each file's time over the first file's."""
-    keyed = [{(r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], ranks_key(r)): r
+    """Bench files side by side: each (collective, algo, size, mode, dtype, op, ranks per group) row's time
+    in every file, and each file's time over the first file's."""
+    # keyed by the ranks of one group: a group measured alone lines up with the same group size measured
+    # beside others (--concurrent), and the ratio is what the contention cost
+    keyed = [{(r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], ranks_key(r)[0]): r
               for r in doc["results"]} for doc in docs]
     rows = []
     for key in sorted(set().union(*keyed), key=lambda k: tuple(str(x) for x in k[:2]) + (k[2], k[3], str(k[4:]))):
@@ -151,7 +153,7 @@ def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]
             if i:
                 cells.append(_n(q, 3))
         table.add_row(r["collective"], r["algo"], str(r["nbytes"]), "in" if r["inplace"] else "out",
-                      ranks_label(r["ranks"]), *cells)
+                      str(r["ranks"]), *cells)
     return rows, table
 
 

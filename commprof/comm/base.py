@@ -273,6 +273,14 @@ class Handle:
         comm = self._comm
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
+    def is_completed(self) -> bool:
+        """Whether the op has completed, as far as this rank has seen."""
+        return self._waited or self._end is not None
+
+    def get_future(self):
+        """The backend's future (torch works; before wait()), for callers that chain on it."""
+        return self._work.get_future()
+
     def wait(self) -> None:
         if self._waited:
             return

@@ -11,7 +11,9 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
+# torch's functions from the module that defines them, not the `torch.distributed` namespace: that is the
+# one commprof/comm/interpose.py rebinds to route a script's calls through Comm, which then call these.
+from torch.distributed import distributed_c10d as dist
 
 from commprof.comm.base import Comm
 from commprof.errors import UnsupportedError

@@ -1,0 +1,211 @@
+"""Interposition: a script's torch.distributed collectives routed through Comm, the script unchanged.
+
+    interposer = interpose.install()      # before the script runs
+    ...                                   # the script: dist.init_process_group(...); dist.all_reduce(t); …
+    interposer.recorder.ops               # every call, timed and counted; NVTX-wrapped as it ran
+    interpose.uninstall()
+
+`install` rebinds the collectives of the `torch.distributed` namespace — the names scripts and most
+libraries call (`dist.all_reduce`, …) — to wrappers with torch's signatures. A wrapper finds the Comm of the
+call's process group (made on first use, labelled "world" or by its ranks, e.g. "ranks0-1") and calls it, so
+the op is timed, counted and NVTX-wrapped in Comm's one place; async calls return a Work whose `wait()` is
+Comm's. Comm's torch backend calls torch's own functions from `distributed_c10d`, which stay as they are.
+
+Routed: all_reduce, all_gather_into_tensor, all_gather (list), reduce_scatter_tensor, reduce_scatter (list),
+broadcast, reduce, all_to_all_single (equal splits), barrier; sync and async, any process group. Run as
+torch's own and counted in `unseen` (by name): what Comm has no form for (a PREMUL_SUM reduction, unequal
+all_to_all splits, an async barrier, a tensor that is not contiguous). Not seen at all: point-to-point calls,
+functional collectives, calls made from C++ (DDP's reducer) and calls through `distributed_c10d` by name.
+
+Exercised by: `pytest tests/test_interpose.py`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import wraps
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from commprof.comm.torch_comm import TorchComm
+from commprof.profile.clock import CpuClock, CudaClock
+from commprof.profile.recorder import OpRecorder
+
+_OPS = {c10d.ReduceOp.SUM: "sum", c10d.ReduceOp.PRODUCT: "prod", c10d.ReduceOp.MIN: "min",
+        c10d.ReduceOp.MAX: "max", c10d.ReduceOp.AVG: "avg"}
+
+ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
+          "broadcast", "reduce", "all_to_all_single", "barrier")
+"""The `torch.distributed` names install() rebinds."""
+
+
+class Work:
+    """What an async call returns: torch's Work interface over Comm's Handle (wait is Comm's, timed)."""
+
+    def __init__(self, handle, after=None) -> None:
+        self._handle, self._after = handle, after
+        try:  # taken now: the handle lets its backend work go once waited on
+            self._future = handle.get_future()
+        except (AttributeError, RuntimeError):  # MPI requests, and gloo works without one
+            self._future = None
+
+    def wait(self, timeout=None) -> bool:
+        self._handle.wait()
+        if self._after is not None:
+            after, self._after = self._after, None
+            after()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._handle.is_completed()
+
+    def get_future(self):
+        if self._future is None:
+            raise RuntimeError("this backend's work has no future")
+        return self._future
+
+
+class Interposer:
+    """The Comms of a script's process groups, sharing one op log."""
+
+    def __init__(self) -> None:
+        self.recorder: OpRecorder | None = None
+        self.unseen: Counter = Counter()
+        """Calls run as torch's own, by name: what Comm has no form for."""
+        self._comms: dict[int, tuple] = {}
+        """id(process group) -> (the group, its Comm): the group is kept so its id is never reused."""
+
+    def comm(self, group) -> TorchComm:
+        """The Comm of `group` (None: the default group), made on its first call."""
+        pg = group if group is not None else c10d._get_default_group()
+        hit = self._comms.get(id(pg))
+        if hit is not None:
+            return hit[1]
+        backend = c10d.get_backend(pg)
+        cuda = backend == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        if self.recorder is None:  # one clock and one op log for every group of the script
+            self.recorder = OpRecorder(CudaClock() if cuda else CpuClock())
+        ranks = c10d.get_process_group_ranks(pg)
+        world = pg is c10d._get_default_group()
+        comm = TorchComm(backend=backend, group=None if world else pg, ranks=ranks, control_group=None,
+                         device=device, clock=self.recorder.clock, recorder=self.recorder)
+        comm.label = "world" if world else _label(ranks)
+        self._comms[id(pg)] = (pg, comm)
+        return comm
+
+    # ---- the wrappers: torch's signatures, Comm's calls ---------------------------------------------
+    def all_reduce(self, tensor, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        name = _OPS.get(op)
+        if name is None or not tensor.is_contiguous():
+            return self._torch("all_reduce", tensor, op=op, group=group, async_op=async_op)
+        return _work(self.comm(group).all_reduce(tensor, op=name, async_op=async_op))
+
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
+            return self._torch("all_gather_into_tensor", output_tensor, input_tensor, group=group,
+                               async_op=async_op)
+        return _work(self.comm(group).all_gather(output_tensor, input_tensor, async_op=async_op))
+
+    def all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        comm = self.comm(group)
+        flat = torch.empty(comm.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        handle = comm.all_gather(flat, tensor.contiguous().view(-1), async_op=async_op)
+
+        def scatter_out() -> None:  # torch's list form: each rank's piece in its own tensor
+            for out, piece in zip(tensor_list, flat.view(comm.world_size, *tensor.shape)):
+                out.copy_(piece)
+
+        return _work(handle, scatter_out)
+
+    def reduce_scatter_tensor(self, output, input, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        name = _OPS.get(op)
+        if name is None or not (output.is_contiguous() and input.is_contiguous()):
+            return self._torch("reduce_scatter_tensor", output, input, op=op, group=group, async_op=async_op)
+        return _work(self.comm(group).reduce_scatter(output, input, op=name, async_op=async_op))
+
+    def reduce_scatter(self, output, input_list, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        name = _OPS.get(op)
+        if name is None or not output.is_contiguous():
+            return self._torch("reduce_scatter", output, input_list, op=op, group=group, async_op=async_op)
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        return _work(self.comm(group).reduce_scatter(output, flat, op=name, async_op=async_op))
+
+    def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):
+        comm = self.comm(group)
+        root = group_src if group_src is not None else comm.members.index(src)
+        if not tensor.is_contiguous():
+            return self._torch("broadcast", tensor, src=src, group=group, async_op=async_op, group_src=group_src)
+        return _work(comm.broadcast(tensor, src=root, async_op=async_op))
+
+    def reduce(self, tensor, dst=None, op=c10d.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+        comm, name = self.comm(group), _OPS.get(op)
+        if name is None or not tensor.is_contiguous():
+            return self._torch("reduce", tensor, dst=dst, op=op, group=group, async_op=async_op,
+                               group_dst=group_dst)
+        root = group_dst if group_dst is not None else comm.members.index(dst)
+        return _work(comm.reduce(tensor, dst=root, op=name, async_op=async_op))
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        if output_split_sizes or input_split_sizes:  # Comm's all_to_all has equal chunks only
+            return self._torch("all_to_all_single", output, input, output_split_sizes, input_split_sizes,
+                               group=group, async_op=async_op)
+        return _work(self.comm(group).all_to_all(output, input, async_op=async_op))
+
+    def barrier(self, group=None, async_op=False, device_ids=None, timeout=None):
+        if async_op or timeout is not None:
+            return self._torch("barrier", group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
+        self.comm(group).barrier()
+        return None
+
+    def _torch(self, name: str, *args, **kwargs):
+        self.unseen[name] += 1
+        return getattr(c10d, name)(*args, **kwargs)
+
+
+def _work(handle, after=None):
+    """None for a synchronous call (after has run); a Work for an async one."""
+    if handle is None:
+        if after is not None:
+            after()
+        return None
+    return Work(handle, after)
+
+
+def _label(ranks: list[int]) -> str:
+    if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"ranks{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank{ranks[0]}"
+    return "ranks" + ",".join(map(str, ranks))
+
+
+_ACTIVE: Interposer | None = None
+
+
+def install() -> Interposer:
+    """Rebind torch.distributed's collectives to a new Interposer's wrappers; returns it."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("torch.distributed is already interposed")
+    _ACTIVE = Interposer()
+    for name in ROUTED:
+        setattr(dist, name, _wrapper(getattr(c10d, name), getattr(_ACTIVE, name)))
+    return _ACTIVE
+
+
+def _wrapper(original, route):
+    """A function that looks like torch's (name, docstring, signature) and calls `route`."""
+    @wraps(original)
+    def call(*args, **kwargs):
+        return route(*args, **kwargs)
+    return call
+
+
+def uninstall() -> None:
+    """torch.distributed's own functions back."""
+    global _ACTIVE
+    for name in ROUTED:
+        setattr(dist, name, getattr(c10d, name))
+    _ACTIVE = None

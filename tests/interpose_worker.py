@@ -1,0 +1,107 @@
+"""One rank of tests/test_interpose.py: a plain torch.distributed script, interposed. Every collective's result
+is checked against its closed form, then the op log against what the script called: names, payload bytes
+in nccl-tests' convention, group labels. Prints one JSON line per rank; exit 1 on any mismatch."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from commprof.comm import interpose
+from commprof.profile.recorder import GROUP, NAME, NBYTES
+
+N = 1024  # float32 elements per rank
+
+
+def main() -> int:
+    interposer = interpose.install()
+    dist.init_process_group("gloo")
+    r, n = dist.get_rank(), dist.get_world_size()
+    failures, expected = [], []
+
+    def check(what, got, want):
+        if not torch.equal(got, want):
+            failures.append(f"{what}: got {got.flatten()[:4].tolist()} want {want.flatten()[:4].tolist()}")
+
+    t = torch.full((N,), float(r + 1))
+    dist.all_reduce(t)
+    check("all_reduce", t, torch.full((N,), float(n * (n + 1) // 2)))
+    expected.append(("all_reduce", N * 4, "world"))
+
+    t = torch.full((N,), float(r))
+    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()
+    check("async all_reduce max", t, torch.full((N,), float(n - 1)))
+    expected.append(("all_reduce", N * 4, "world"))
+
+    out = torch.empty(n * N)
+    dist.all_gather_into_tensor(out, torch.full((N,), float(r)))
+    check("all_gather_into_tensor", out, torch.arange(n).repeat_interleave(N).float())
+    expected.append(("all_gather", n * N * 4, "world"))
+
+    parts = [torch.empty(N) for _ in range(n)]
+    work = dist.all_gather(parts, torch.full((N,), float(r)), async_op=True)
+    work.wait()
+    check("all_gather list", torch.stack(parts), torch.arange(n).float()[:, None].expand(n, N))
+    expected.append(("all_gather", n * N * 4, "world"))
+
+    shard = torch.empty(N)
+    dist.reduce_scatter_tensor(shard, torch.arange(n * N).float())
+    check("reduce_scatter_tensor", shard, n * torch.arange(r * N, (r + 1) * N).float())
+    expected.append(("reduce_scatter", n * N * 4, "world"))
+
+    dist.reduce_scatter(shard, [torch.full((N,), float(i)) for i in range(n)])
+    check("reduce_scatter list", shard, torch.full((N,), float(n * r)))
+    expected.append(("reduce_scatter", n * N * 4, "world"))
+
+    t = torch.full((N,), float(r))
+    dist.broadcast(t, src=n - 1)  # a global rank, as torch takes it
+    check("broadcast", t, torch.full((N,), float(n - 1)))
+    expected.append(("broadcast", N * 4, "world"))
+
+    t = torch.ones(N)
+    dist.reduce(t, dst=0)
+    if r == 0:
+        check("reduce", t, torch.full((N,), float(n)))
+    expected.append(("reduce", N * 4, "world"))
+
+    a2a = torch.empty(n * 4)
+    dist.all_to_all_single(a2a, torch.arange(n * 4).float() + 100 * r)
+    check("all_to_all_single", a2a, torch.cat([torch.arange(r * 4, r * 4 + 4).float() + 100 * s for s in range(n)]))
+    expected.append(("all_to_all", n * 4 * 4, "world"))
+
+    dist.barrier()
+    expected.append(("barrier", 0, "world"))
+
+    pair = dist.new_group([0, 1])  # every rank calls new_group; only ranks 0 and 1 use it
+    if r < 2:
+        t = torch.full((N,), float(r + 1))
+        dist.all_reduce(t, group=pair)
+        check("subgroup all_reduce", t, torch.full((N,), 3.0))
+        expected.append(("all_reduce", N * 4, "ranks0-1"))
+        t = torch.full((N,), float(r))
+        dist.broadcast(t, src=1, group=pair)
+        check("subgroup broadcast", t, torch.full((N,), 1.0))
+        expected.append(("broadcast", N * 4, "ranks0-1"))
+
+    # what Comm has no form for runs as torch's own, counted as unseen
+    splits = [1] * n
+    dist.all_to_all_single(torch.empty(n), torch.zeros(n), splits, splits)
+
+    seen = [(op[NAME], op[NBYTES], op[GROUP]) for op in interposer.recorder.ops]
+    if seen != expected:
+        failures.append(f"op log {seen} != {expected}")
+    dist.destroy_process_group()
+    interpose.uninstall()
+    if dist.all_reduce is not torch.distributed.distributed_c10d.all_reduce:
+        failures.append("uninstall left torch.distributed.all_reduce rebound")
+    print(json.dumps({"rank": r, "ops": len(seen), "unseen": dict(interposer.unseen), "failures": failures}),
+          flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

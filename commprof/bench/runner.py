@@ -5,7 +5,10 @@ A sweep runs on one layout of the job's ranks: all of them (the default), the fi
 wait (--group-sizes k), or every disjoint group of k at once (--concurrent). Ranks outside every group
 pass each point's world barriers with the members (one before each timed loop, one after the last), idle
 ones that sleep rather than spin, so nobody waits longer than one point, the waiting ranks leave their
-cores to the measuring ones, and concurrent groups start each timed loop together. Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py`.
+cores to the measuring ones, and concurrent groups start each timed loop together.
+
+Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py
+tests/test_bench_groups.py`.
 """
 
 from __future__ import annotations

@@ -72,8 +72,42 @@ def main() -> int:
     check("all_to_all_single", a2a, torch.cat([torch.arange(r * 4, r * 4 + 4).float() + 100 * s for s in range(n)]))
     expected.append(("all_to_all", n * 4 * 4, "world"))
 
+    outs = [torch.empty(4) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((4,), float(100 * r + s)) for s in range(n)])
+    check("all_to_all list", torch.stack(outs), torch.tensor([[100.0 * s + r] * 4 for s in range(n)]))
+    expected.append(("all_to_all", n * 4 * 4, "world"))
+
     dist.barrier()
     expected.append(("barrier", 0, "world"))
+
+    # point to point: a ring, blocking, async and batched (torch's P2POp takes the rebound isend/irecv)
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    got = torch.empty(N)
+    if r % 2 == 0:
+        dist.send(torch.full((N,), float(r)), dst=nxt)
+        sender = dist.recv(got, src=prv)
+    else:
+        sender = dist.recv(got, src=prv)
+        dist.send(torch.full((N,), float(r)), dst=nxt)
+    check("send/recv", got, torch.full((N,), float(prv)))
+    if sender != prv:
+        failures.append(f"recv returned {sender}, not the sender {prv}")
+    expected += [("send", N * 4, "world"), ("recv", N * 4, "world")] if r % 2 == 0 else \
+        [("recv", N * 4, "world"), ("send", N * 4, "world")]
+    works = [dist.isend(torch.full((N,), float(r)), dst=nxt), dist.irecv(got, src=prv)]
+    for w in works:
+        w.wait()
+    check("isend/irecv", got, torch.full((N,), float(prv)))
+    expected += [("send", N * 4, "world"), ("recv", N * 4, "world")]
+    ops = [dist.P2POp(dist.isend, torch.full((N,), float(r)), nxt), dist.P2POp(dist.irecv, got, prv)]
+    if ops[0].op is not dist.isend:
+        failures.append("P2POp does not keep the isend it was given")
+    for w in dist.batch_isend_irecv(ops):
+        if not isinstance(w, dist.distributed_c10d.Work):
+            failures.append(f"batch_isend_irecv returned a {type(w).__name__}, not a Work")
+        w.wait()
+    check("batch_isend_irecv", got, torch.full((N,), float(prv)))
+    expected += [("send", N * 4, "world"), ("recv", N * 4, "world")]
 
     pair = dist.new_group([0, 1])  # every rank calls new_group; only ranks 0 and 1 use it
     if r < 2:

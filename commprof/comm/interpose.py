@@ -12,10 +12,14 @@ the op is timed, counted and NVTX-wrapped in Comm's one place; async calls retur
 Comm's. Comm's torch backend calls torch's own functions from `distributed_c10d`, which stay as they are.
 
 Routed: all_reduce, all_gather_into_tensor, all_gather (list), reduce_scatter_tensor, reduce_scatter (list),
-broadcast, reduce, all_to_all_single (equal splits), barrier; sync and async, any process group. Run as
-torch's own and counted in `unseen` (by name): what Comm has no form for (a PREMUL_SUM reduction, unequal
-all_to_all splits, an async barrier, a tensor that is not contiguous). Not seen at all: point-to-point calls,
-functional collectives, calls made from C++ (DDP's reducer) and calls through `distributed_c10d` by name.
+broadcast, reduce, all_to_all (equal shapes), all_to_all_single (equal splits), barrier, send, recv, isend,
+irecv, batch_isend_irecv; sync and async, any process group. `P2POp` becomes a subclass that accepts the
+rebound isend/irecv (torch's own check compares against its originals; pipelining compares `op.op` with
+`dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by name): what Comm has no form
+for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a tensor that is not contiguous,
+recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call). Not
+seen at all: functional collectives, calls made from C++ (DDP's reducer unless comm/ddp_hook.py hooks it)
+and calls through `distributed_c10d` by name.
 
 Exercised by: `pytest tests/test_interpose.py`.
 """
@@ -37,14 +41,17 @@ _OPS = {c10d.ReduceOp.SUM: "sum", c10d.ReduceOp.PRODUCT: "prod", c10d.ReduceOp.M
         c10d.ReduceOp.MAX: "max", c10d.ReduceOp.AVG: "avg"}
 
 ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
-          "broadcast", "reduce", "all_to_all_single", "barrier")
+          "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "send", "recv", "isend", "irecv",
+          "batch_isend_irecv")
 """The `torch.distributed` names install() rebinds."""
 
 
-class Work:
-    """What an async call returns: torch's Work interface over Comm's Handle (wait is Comm's, timed)."""
+class Work(c10d.Work):
+    """What an async call returns: a torch Work (libraries test `isinstance(w, dist.Work)` before waiting;
+    FSDP2 does) over Comm's Handle, so the wait is Comm's, timed."""
 
     def __init__(self, handle, after=None) -> None:
+        super().__init__()
         self._handle, self._after = handle, after
         try:  # taken now: the handle lets its backend work go once waited on
             self._future = handle.get_future()
@@ -53,6 +60,11 @@ class Work:
 
     def wait(self, timeout=None) -> bool:
         self._handle.wait()
+        # torch's work goes with the wait, as Handle's does: one kept past destroy_process_group keeps
+        # gloo's threads alive and the process aborts at exit
+        if self._future is not None and not self._future.done():
+            self._future.wait()
+        self._future = None
         if self._after is not None:
             after, self._after = self._after, None
             after()
@@ -63,6 +75,10 @@ class Work:
 
     def get_future(self):
         if self._future is None:
+            if self._handle.is_completed():  # waited on: an already completed future
+                done = torch.futures.Future()
+                done.set_result(None)
+                return done
             raise RuntimeError("this backend's work has no future")
         return self._future
 
@@ -155,6 +171,57 @@ class Interposer:
                                group=group, async_op=async_op)
         return _work(self.comm(group).all_to_all(output, input, async_op=async_op))
 
+    def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
+        shapes = {t.shape for t in (*output_tensor_list, *input_tensor_list)}
+        if len(shapes) != 1:  # Comm's all_to_all has equal chunks only
+            return self._torch("all_to_all", output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+        comm = self.comm(group)
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensor_list])
+        flat_out = torch.empty_like(flat_in)
+        handle = comm.all_to_all(flat_out, flat_in, async_op=async_op)
+
+        def scatter_out() -> None:
+            for out, piece in zip(output_tensor_list, flat_out.view(len(output_tensor_list), -1)):
+                out.copy_(piece.view(out.shape))
+
+        return _work(handle, scatter_out)
+
+    def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        comm = self.comm(group)
+        if not tensor.is_contiguous():
+            return self._torch("send", tensor, dst, group=group, tag=tag, group_dst=group_dst)
+        comm.send(tensor, dst=_peer(comm, dst, group_dst))
+
+    def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        comm = self.comm(group)
+        if (src is None and group_src is None) or not tensor.is_contiguous():  # any source: Comm names one
+            return self._torch("recv", tensor, src, group=group, tag=tag, group_src=group_src)
+        peer = _peer(comm, src, group_src)
+        comm.recv(tensor, src=peer)
+        return comm.members[peer]
+
+    def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        comm = self.comm(group)
+        if not tensor.is_contiguous():
+            return self._torch("isend", tensor, dst, group=group, tag=tag, group_dst=group_dst)
+        return Work(comm.isend(tensor, dst=_peer(comm, dst, group_dst)))
+
+    def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        comm = self.comm(group)
+        if (src is None and group_src is None) or not tensor.is_contiguous():
+            return self._torch("irecv", tensor, src, group=group, tag=tag, group_src=group_src)
+        return Work(comm.irecv(tensor, src=_peer(comm, src, group_src)))
+
+    def batch_isend_irecv(self, p2p_op_list):
+        if len(p2p_op_list) > 1 and c10d.get_backend(p2p_op_list[0].group) == "nccl":
+            return self._torch("batch_isend_irecv", [_original(op) for op in p2p_op_list])
+        works = []
+        for op in p2p_op_list:  # gloo and MPI match each op on its own: issued one by one, in order
+            send = _ORIGINAL.get(op.op, op.op) is c10d.isend
+            call = self.isend if send else self.irecv
+            works.append(call(op.tensor, group=op.group, tag=op.tag, **{"group_dst" if send else "group_src": op.group_peer}))
+        return works
+
     def barrier(self, group=None, async_op=False, device_ids=None, timeout=None):
         if async_op or timeout is not None:
             return self._torch("barrier", group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
@@ -175,6 +242,29 @@ def _work(handle, after=None):
     return Work(handle, after)
 
 
+def _peer(comm, rank, group_rank) -> int:
+    """The group rank of a p2p peer given as a global rank or as a group rank."""
+    return group_rank if group_rank is not None else comm.members.index(rank)
+
+
+class P2POp(c10d.P2POp):
+    """torch's P2POp, taking the rebound isend/irecv as well as torch's own (its check knows only those)."""
+
+    def __new__(cls, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        return super().__new__(cls, _ORIGINAL.get(op, op), tensor, peer, group, tag, group_peer)
+
+
+def _original(op):
+    """A torch P2POp of `op`, with torch's own isend/irecv (for torch's own batch_isend_irecv)."""
+    return c10d.P2POp(_ORIGINAL.get(op.op, op.op), op.tensor, group=op.group, tag=op.tag, group_peer=op.group_peer)
+
+
+_ORIGINAL: dict = {}
+"""Rebound function -> torch's own, while installed. Module-level on purpose: held by the Interposer, the
+wrappers (which hold its methods) would make a cycle, and its process groups would then wait for the cyclic
+collector — which may run after destroy_process_group, and a gloo group freed then aborts the process."""
+
+
 def _label(ranks: list[int]) -> str:
     if ranks == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"ranks{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank{ranks[0]}"
@@ -191,7 +281,11 @@ def install() -> Interposer:
         raise RuntimeError("torch.distributed is already interposed")
     _ACTIVE = Interposer()
     for name in ROUTED:
-        setattr(dist, name, _wrapper(getattr(c10d, name), getattr(_ACTIVE, name)))
+        original = getattr(c10d, name)
+        rebound = _wrapper(original, getattr(_ACTIVE, name))
+        _ORIGINAL[rebound] = original
+        setattr(dist, name, rebound)
+    dist.P2POp = P2POp
     return _ACTIVE
 
 
@@ -208,4 +302,6 @@ def uninstall() -> None:
     global _ACTIVE
     for name in ROUTED:
         setattr(dist, name, getattr(c10d, name))
+    dist.P2POp = c10d.P2POp
+    _ORIGINAL.clear()
     _ACTIVE = None

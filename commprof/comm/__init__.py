@@ -79,6 +79,12 @@ def end_process(code: int | None) -> NoReturn:
         os._exit(0 if code is None else code if isinstance(code, int) else 1)
 
 
+def join(what: str) -> None:
+    """Mark this process as one rank of a job whose process group is not commprof's own (a profiled
+    script's): it ends through end_process too."""
+    _OPENED.append(what)
+
+
 def joined() -> bool:
     """Whether this process has joined a job (and must end through end_process)."""
     return bool(_OPENED)

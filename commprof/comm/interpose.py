@@ -86,8 +86,9 @@ class Work(c10d.Work):
 class Interposer:
     """The Comms of a script's process groups, sharing one op log."""
 
-    def __init__(self) -> None:
-        self.recorder: OpRecorder | None = None
+    def __init__(self, recorder: OpRecorder | None = None) -> None:
+        self.recorder = recorder
+        """The op log every group's Comm shares; made with the first Comm when not given."""
         self.unseen: Counter = Counter()
         """Calls run as torch's own, by name: what Comm has no form for."""
         self._comms: dict[int, tuple] = {}
@@ -274,12 +275,13 @@ def _label(ranks: list[int]) -> str:
 _ACTIVE: Interposer | None = None
 
 
-def install() -> Interposer:
-    """Rebind torch.distributed's collectives to a new Interposer's wrappers; returns it."""
+def install(recorder: OpRecorder | None = None) -> Interposer:
+    """Rebind torch.distributed's collectives to a new Interposer's wrappers (logging into `recorder`);
+    returns it."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("torch.distributed is already interposed")
-    _ACTIVE = Interposer()
+    _ACTIVE = Interposer(recorder)
     for name in ROUTED:
         original = getattr(c10d, name)
         rebound = _wrapper(original, getattr(_ACTIVE, name))

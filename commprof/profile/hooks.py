@@ -1,0 +1,268 @@
+"""Iterations and phases of a script commprof did not write, found from PyTorch's own hooks.
+
+    tracker = hooks.install(recorder)   # before the script runs
+    ...                                 # the script trains
+    tracker.finish()                    # its iterations, split as `commprof run` splits its own
+
+Iterations end where the first optimizer to step steps (a global optimizer-step post hook), and the next one
+begins there; the first begins at the first forward, backward or step. Phases, each an NVTX range as in
+`commprof run`: "forward" is the outermost module call (global module forward hooks; a module called inside
+backward, as activation checkpointing does, is "recompute"); "backward" spans `torch.autograd.backward`
+(what `loss.backward()` calls) up to the moment autograd has run every node; "step" spans optimizer.step;
+"data" is the time from the iteration's start to its first forward.
+
+Why backward stops short of its return: DistributedDataParallel's reducer waits for its bucket all-reduces
+in a callback autograd runs after the last node, from C++ where no Comm wait is seen. A callback queued when
+backward starts runs before the reducer's, so it marks where computing ended; from there to backward's
+return the training thread was blocked on comm, and that span (clipped to the last op still in flight) is
+recorded as a wait — exposed time, as a Handle's wait would be.
+
+A script may mark its own: `commprof.step()` ends an iteration (optimizer hooks then end none), and
+`with commprof.phase("forward"):` records that phase (automatic phases then stop, for the rest of the run).
+Both do nothing when the script is not profiled. Exercised by: `pytest tests/test_profile_cli.py`.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from contextlib import contextmanager
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim
+
+from commprof.profile.annotate import ANNOTATOR, MEASURED, phase_category
+from commprof.profile.phases import Phases
+from commprof.profile.recorder import END, HOST, START
+from commprof.profile.volume import step_volume
+
+MS = 1e-6
+
+
+class Tracker:
+    """One rank's iterations, phases and volume, from hooks."""
+
+    def __init__(self, recorder, warmup: int) -> None:
+        self.recorder = recorder
+        self.warmup = warmup
+        self.phases = Phases(recorder)
+        self.iterations: list[dict] = []
+        """Measured iterations, in `commprof run`'s per-iteration form."""
+        self.volumes: list[dict] = []
+        """Per measured iteration: step_volume of its ops."""
+        self.outside: list[tuple] = []
+        """Op log entries of no iteration: set-up before the first, and whatever follows the last step."""
+        self.index = 0
+        self.open = False
+        self.manual = False
+        self.explicit = False
+        self._optimizer = None
+        self._depth = 0
+        self._backward = 0
+        self._started = 0
+        self._spans_at_begin = 0
+        self._stack: list[tuple[str, int]] = []
+        self._handles: list = []
+        self._modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    # ---- iterations ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        if self.open:
+            return
+        self.outside += self.recorder.ops[:len(self.recorder.ops)]
+        self.recorder.clear()
+        if self.index == self.warmup:
+            ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
+        self.phases.begin(self.index)
+        self._started = time.perf_counter_ns()
+        self.open = True
+
+    def end(self) -> None:
+        if not self.open:
+            return
+        while self._stack:  # a phase left open (an exception inside it) ends with the iteration
+            self.close_phase()
+        split = self.phases.end()
+        if self.index >= self.warmup:
+            self.iterations.append({
+                "step": self.index, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
+                "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
+                "exposed_comm_ms": split.exposed_comm_ns * MS, "overlap_ms": split.overlap_ns * MS,
+                "bubble_ms": split.bubble_ns * MS, "schedule_ms": split.schedule_ns * MS,
+                "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
+            self.volumes.append(step_volume(self.phases.ops()))
+        else:
+            self.outside += self.phases.ops()
+        self.recorder.clear()
+        self.index += 1
+        self.open = False
+
+    def step(self) -> None:
+        """The script's own end of an iteration (commprof.step())."""
+        if not self.manual:
+            self.manual = True
+            if self.open and len(self.phases.spans) == 0 and len(self.recorder.ops) == 0:
+                return  # an optimizer hook had just begun this one: it is the iteration that ends now
+        self.begin()
+        self.end()
+
+    def finish(self) -> None:
+        """The script has ended: an iteration no step ended is not one; its ops are outside."""
+        while self._stack:
+            self.close_phase()
+        if self.open:
+            ANNOTATOR.pop()  # the iteration's range
+            self.open = False
+        if self.index > self.warmup:
+            ANNOTATOR.pop()  # the measured range
+        self.outside += self.recorder.ops[:]
+        self.recorder.clear()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # ---- phases -----------------------------------------------------------------------------
+    def open_phase(self, name: str) -> None:
+        self.begin()
+        ANNOTATOR.push(ANNOTATOR.label(name, phase_category(name)))
+        self._stack.append((name, time.perf_counter_ns()))
+
+    def close_phase(self, end: int | None = None) -> None:
+        name, start = self._stack.pop()
+        self.phases.spans.append((name, start, end if end is not None else time.perf_counter_ns()))
+        ANNOTATOR.pop()
+
+    @contextmanager
+    def phase(self, name: str):
+        """The script's own phase (commprof.phase(name)); automatic phases stop from here on."""
+        self.explicit = True
+        self.open_phase(name)
+        try:
+            yield
+        finally:
+            self.close_phase()
+
+    # ---- the hooks --------------------------------------------------------------------------
+    def _trains(self, module) -> bool:
+        """Whether `module` holds parameters: parameter-free modules called outside a model (torchvision's
+        transforms are modules) are not forward passes."""
+        hit = self._modules.get(module)
+        if hit is None:
+            hit = self._modules[module] = next(module.parameters(), None) is not None
+        return hit
+
+    def _forward_pre(self, module, args) -> None:
+        if self._depth == 0 and not self._trains(module):
+            return
+        self._depth += 1
+        if self._depth == 1 and not self.explicit:
+            self.begin()
+            if not self.phases.spans and not self._stack:  # the iteration's input pipeline came first
+                self.phases.spans.append(("data", self._started, time.perf_counter_ns()))
+            self.open_phase("recompute" if self._backward else "forward")
+
+    def _forward_post(self, module, args, output) -> None:
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and not self.explicit and self._stack:
+            self.close_phase()
+
+    def _step_pre(self, optimizer, args, kwargs) -> None:
+        if self._optimizer is None:
+            self._optimizer = optimizer
+        if not self.explicit:
+            self.open_phase("step")
+
+    def _step_post(self, optimizer, args, kwargs) -> None:
+        if not self.explicit and self._stack:
+            self.close_phase()
+        if optimizer is self._optimizer and not self.manual:
+            self.end()
+            self.begin()
+
+    def backward(self, original, tensors, *args, **kwargs):
+        """torch.autograd.backward, timed as "backward" with its wait on comm split off."""
+        self.begin()
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        marks: list[int] = []
+        node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+        if node is not None:
+            def queue(*_):
+                if not marks:  # run once, first of the callbacks autograd runs after its last node
+                    marks.append(0)
+                    torch.autograd.Variable._execution_engine.queue_callback(
+                        lambda: marks.append(time.perf_counter_ns()))
+            hook = node.register_prehook(queue)
+        if not self.explicit:
+            self.open_phase("backward")
+        first_op, start = len(self.recorder.ops), time.perf_counter_ns()
+        self._backward += 1
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            self._backward -= 1
+            end = time.perf_counter_ns()
+            if node is not None:
+                hook.remove()
+            computed = marks[1] if len(marks) > 1 else end
+            if not self.explicit and self._stack:
+                self.close_phase(computed)
+            last = max((op[END] for op in self.recorder.ops[first_op:] if op[HOST] and op[START] >= start),
+                       default=computed)
+            if min(end, last) > computed:
+                self.recorder.waits.append(("all_reduce", computed, min(end, last)))
+
+    def install(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+            optim.register_optimizer_step_pre_hook(self._step_pre),
+            optim.register_optimizer_step_post_hook(self._step_post),
+        ]
+
+
+ACTIVE: Tracker | None = None
+"""The tracker of the script being profiled in this process; None when none is."""
+
+
+def install(recorder, warmup: int) -> Tracker:
+    """Hook this process's modules, optimizers and autograd; returns the Tracker."""
+    global ACTIVE
+    tracker = ACTIVE = Tracker(recorder, warmup)
+    tracker.install()
+    original = torch.autograd.backward
+
+    def backward(tensors, *args, **kwargs):
+        return tracker.backward(original, tensors, *args, **kwargs)
+
+    backward.__wrapped__ = original
+    backward.__doc__ = original.__doc__
+    torch.autograd.backward = backward
+    return tracker
+
+
+def uninstall() -> None:
+    global ACTIVE
+    if ACTIVE is not None:
+        ACTIVE.finish()
+    backward = torch.autograd.backward
+    torch.autograd.backward = getattr(backward, "__wrapped__", backward)
+    ACTIVE = None
+
+
+def step() -> None:
+    """End an iteration here (the script's own mark); nothing when the script is not profiled."""
+    if ACTIVE is not None:
+        ACTIVE.step()
+
+
+@contextmanager
+def phase(name: str):
+    """Time the block as phase `name` ("forward", "backward", "step", "data", …); nothing when not profiled."""
+    if ACTIVE is None:
+        yield
+        return
+    with ACTIVE.phase(name):
+        yield

@@ -1,0 +1,108 @@
+"""`commprof profile`: run an unchanged training script on every rank with commprof underneath it, and report
+its iterations as `commprof run` reports its own strategies — the compute/comm split, volume per op and per
+group, tables, JSON, Chrome trace and NVTX.
+
+    commprof profile --nproc 2 -- train.py --epochs 1
+    commprof profile --nproc 4 --json out.json --trace tr -- train.py
+    torchrun --nproc-per-node 2 -m commprof profile -- train.py      (or mpiexec -n 2, srun)
+
+The script runs as `python train.py` would (its own arguments, output and exit code; `__main__`), and
+initialises its process group itself (`init_process_group()` with env:// works under every launcher:
+commprof fills in the rendezvous). What is seen and what is not: commprof/comm/interpose.py and
+commprof/comm/ddp_hook.py; how iterations and phases are found: commprof/profile/hooks.py.
+Exercised by: `pytest tests/test_profile_cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from commprof import flags, launch
+from commprof.backends import BACKENDS, default_backend, require_cuda, slots
+from commprof.errors import UsageError
+from commprof.report.files import Outputs
+from commprof.world import discover
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What `commprof profile` was asked to do."""
+
+    script: str
+    """The script's path, as given."""
+    script_args: tuple[str, ...]
+    """The script's own arguments (its sys.argv[1:])."""
+    backend: str
+    """gloo or nccl: the backend an `init_process_group()` that names none gets; mpi: ranks started by mpiexec
+    (the script's process group is still torch's: gloo unless it names one)."""
+    nproc: int | None
+    """Local ranks to start; None: one per core (GPU for nccl), at least 2."""
+    warmup: int
+    """Iterations not measured."""
+    timeout_s: float
+    """The process group's timeout unless the script sets one: how long a rank waits on a stalled peer."""
+    steps_per_epoch: int | None
+    """Iterations per epoch, for volume per epoch; None: every iteration the script ran is the epoch."""
+    global_batch: int | None
+    """Samples per iteration across ranks, for throughput in samples/s; None: iterations/s only."""
+    out: Outputs = field(default_factory=Outputs)
+    """--json, --trace and the command line."""
+
+
+def add_parser(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("profile", help=summary, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, help="local ranks to start (default: one per core or GPU, at least 2)")
+    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: start ranks "
+                                                       "with mpiexec")
+    p.add_argument("--warmup", type=int, default=1, help="iterations not measured (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
+    p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
+    p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
+    p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
+    p.add_argument("--trace", metavar="DIR", help="Chrome traces: one per rank and DIR/trace.json")
+    p.add_argument("script", help="the training script (give -- before it when it takes flags)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(func=main)
+
+
+def build_config(args: argparse.Namespace) -> ProfileConfig:
+    if not os.path.isfile(args.script):
+        raise UsageError(f"script {args.script!r} does not exist" if not os.path.exists(args.script)
+                         else f"script {args.script!r} is not a file")
+    backend = args.backend or default_backend()
+    if backend == "nccl":
+        require_cuda()
+    if args.nproc is not None:
+        flags.at_least("--nproc", args.nproc, 1)
+    flags.at_least("--warmup", args.warmup, 0)
+    for flag, value in (("--steps-per-epoch", args.steps_per_epoch), ("--global-batch", args.global_batch)):
+        if value is not None:
+            flags.at_least(flag, value, 1)
+    flags.timeout(args.timeout)
+    rest = list(args.script_args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
+                         warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
+                         global_batch=args.global_batch,
+                         out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace))
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    world = discover()
+    if world.launched:
+        from commprof.script.rank import run_rank
+
+        return run_rank(cfg, world)
+    have = slots(cfg.backend)
+    nproc = cfg.nproc if cfg.nproc is not None else max(2, have)
+    if nproc > 1 or cfg.backend == "mpi":
+        return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
+                             json_path=cfg.out.json, trace_dir=cfg.out.trace)
+    from commprof.script.rank import run_rank
+
+    return run_rank(cfg, world)

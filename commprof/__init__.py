@@ -4,6 +4,9 @@
 on gloo, NCCL or MPI (mpi4py); `commprof run` trains with one strategy and splits every iteration into
 computation and communication. Every byte that crosses ranks goes through `commprof.comm`.
 
+A script run under `commprof profile` may mark its own iterations and phases: `commprof.step()`,
+`with commprof.phase("forward"): …` (commprof/profile/hooks.py).
+
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
   errors, world, measurement, backends,    what a job is, what every figure means, what each backend
@@ -21,3 +24,18 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
 """
 
 __version__ = "0.1.0"
+
+
+def step() -> None:
+    """End an iteration here, in a script run under `commprof profile`; nothing otherwise."""
+    from commprof.profile import hooks
+
+    hooks.step()
+
+
+def phase(name: str):
+    """`with commprof.phase("forward"):` times the block as that phase under `commprof profile`; nothing
+    otherwise."""
+    from commprof.profile import hooks
+
+    return hooks.phase(name)

@@ -28,7 +28,8 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
 def _sources() -> list[Path]:
-    """Every module file but commprof/__init__.py (which holds only the version and the layers' list)."""
+    """Every module file but commprof/__init__.py (the version, the layers' list and the two calls a profiled
+    script may make, which load their module when called)."""
     return sorted(p for p in [*(ROOT / "commprof").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]
                   if p != ROOT / "commprof" / "__init__.py")
 

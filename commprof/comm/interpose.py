@@ -42,8 +42,9 @@ _OPS = {c10d.ReduceOp.SUM: "sum", c10d.ReduceOp.PRODUCT: "prod", c10d.ReduceOp.M
 
 ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
           "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "send", "recv", "isend", "irecv",
-          "batch_isend_irecv")
-"""The `torch.distributed` names install() rebinds."""
+          "batch_isend_irecv", "all_gather_single", "reduce_scatter_single")
+"""The `torch.distributed` names install() rebinds (those this torch has: the `_single` names, FSDP2's,
+are new in 2.10)."""
 
 
 class Work(c10d.Work):
@@ -125,6 +126,12 @@ class Interposer:
             return self._torch("all_gather_into_tensor", output_tensor, input_tensor, group=group,
                                async_op=async_op)
         return _work(self.comm(group).all_gather(output_tensor, input_tensor, async_op=async_op))
+
+    def all_gather_single(self, output_tensor, input_tensor, group=None, async_op=False):
+        return self.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    def reduce_scatter_single(self, output, input, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        return self.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
     def all_gather(self, tensor_list, tensor, group=None, async_op=False):
         comm = self.comm(group)
@@ -282,13 +289,17 @@ def install(recorder: OpRecorder | None = None) -> Interposer:
     if _ACTIVE is not None:
         raise RuntimeError("torch.distributed is already interposed")
     _ACTIVE = Interposer(recorder)
-    for name in ROUTED:
+    for name in _routed():
         original = getattr(c10d, name)
         rebound = _wrapper(original, getattr(_ACTIVE, name))
         _ORIGINAL[rebound] = original
         setattr(dist, name, rebound)
     dist.P2POp = P2POp
     return _ACTIVE
+
+
+def _routed() -> list[str]:
+    return [name for name in ROUTED if hasattr(c10d, name)]
 
 
 def _wrapper(original, route):
@@ -302,7 +313,7 @@ def _wrapper(original, route):
 def uninstall() -> None:
     """torch.distributed's own functions back."""
     global _ACTIVE
-    for name in ROUTED:
+    for name in _routed():
         setattr(dist, name, getattr(c10d, name))
     dist.P2POp = c10d.P2POp
     _ORIGINAL.clear()

@@ -110,7 +110,7 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
     blocked = union([(a, b) for _, a, b in blocked_all])
     bubble = union([(a, b) for name, a, b in blocked_all if name in BUBBLE_P2P])
     compute = subtract(union([(a, b) for name, a, b in phases if name in COMPUTE]), blocked)
-    data = union([(a, b) for name, a, b in phases if name == "data"])
+    data = subtract(union([(a, b) for name, a, b in phases if name == "data"]), blocked)
     exposed = subtract(blocked, bubble) if waits is not None else subtract(subtract(comm, compute), bubble)
     edges = [(a, b) for name, a, b in phases if name in ("forward", "backward")]
     edges += [(op[START], op[END]) for op in ops if op[NAME] in BUBBLE_P2P]

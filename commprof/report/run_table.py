@@ -31,7 +31,7 @@ def _header(doc: dict) -> Text:
 
 def time_table(doc: dict) -> Table:
     s = doc["summary"]
-    columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") else ())
+    columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") or s["bubble_ms"] > 0 else ())
     table = Table(title="time per iteration", title_justify="left")
     table.add_column("rank", justify="right")
     for _, label in columns:

@@ -1,0 +1,36 @@
+"""A plain DDP training script, as a user writes it: `commprof profile` must see every bucket."""
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=4)
+p.add_argument("--bucket-mb", type=float, default=0.05)
+p.add_argument("--state", help="write the final parameters here (rank 0)")
+args = p.parse_args()
+
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
+                            torch.nn.Linear(64, 10))
+ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+for step in range(args.steps):
+    x = torch.randn(16 * world, 32, generator=g)
+    y = torch.randint(0, 10, (16 * world,), generator=g)
+    mine = slice(16 * rank, 16 * (rank + 1))
+    loss = torch.nn.functional.cross_entropy(ddp(x[mine]), y[mine])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+if rank == 0:
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters()),
+                      "buffers": {str(b.dtype): b.numel() for b in model.buffers()}}))
+    if args.state:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.state)
+dist.destroy_process_group()

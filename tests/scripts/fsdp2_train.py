@@ -1,0 +1,34 @@
+"""A plain FSDP2 (fully_shard) training script: each Linear a unit, then the root."""
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=4)
+p.add_argument("--state", help="write the final full parameters here (rank 0)")
+args = p.parse_args()
+
+dist.init_process_group()
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                            torch.nn.Linear(64, 10))
+for layer in (model[0], model[2], model[4]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+for step in range(args.steps):
+    x = torch.randn(16 * world, 32, generator=g)
+    y = torch.randint(0, 10, (16 * world,), generator=g)
+    mine = slice(16 * rank, 16 * (rank + 1))
+    loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+state = {k: v.full_tensor() for k, v in model.state_dict().items()}
+if rank == 0 and args.state:
+    torch.save(state, args.state)
+dist.destroy_process_group()

@@ -65,3 +65,19 @@ def test_the_catalog_agrees_with_every_strategy_class():
     for name, entry in CATALOG.items():
         cls = STRATEGIES[name]
         assert (cls.name, cls.backends, cls.model_parallel) == (name, entry.backends, entry.model_parallel)
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_torch_native_strategies_match_single(nproc):
+    rows = run_worker(nproc, "gloo", strategies=["torch-ddp", "torch-fsdp"], model="mnist-cnn")
+    for row in rows:
+        assert row["max_abs_diff"] <= 2e-5
+        assert row["measured"] == row["predicted"]
+    ddp, fsdp = rows
+    assert ddp["measured"] == {"all_reduce": 21840 * 4}  # the same bytes as our ddp: every gradient once
+    assert fsdp["measured"]["all_gather"] >= 2 * 21840 * 4 // 1  # gathered twice, padded to the world size
+
+
+def test_torch_native_strategies_with_accumulation_on_a_transformer():
+    rows = run_worker(2, "gloo", strategies=["torch-ddp", "torch-fsdp"], model="gpt2-tiny", grad_accum=2)
+    assert all(r["max_abs_diff"] <= 2e-5 and r["measured"] == r["predicted"] for r in rows)

@@ -114,6 +114,12 @@ class Interposer:
         self._comms[id(pg)] = (pg, comm)
         return comm
 
+    def adopt(self, comm: TorchComm) -> None:
+        """Use `comm` (a Comm over the default group) for the default group's calls: a strategy's own."""
+        pg = c10d._get_default_group()
+        self._comms[id(pg)] = (pg, comm)
+        self.recorder = comm.recorder
+
     # ---- the wrappers: torch's signatures, Comm's calls ---------------------------------------------
     def all_reduce(self, tensor, op=c10d.ReduceOp.SUM, group=None, async_op=False):
         name = _OPS.get(op)
@@ -308,6 +314,13 @@ def _wrapper(original, route):
     def call(*args, **kwargs):
         return route(*args, **kwargs)
     return call
+
+
+def ensure(comm: TorchComm) -> Interposer:
+    """The process's Interposer — installed now if it is not yet — with `comm` as the default group's."""
+    interposer = _ACTIVE if _ACTIVE is not None else install(comm.recorder)
+    interposer.adopt(comm)
+    return interposer
 
 
 def uninstall() -> None:

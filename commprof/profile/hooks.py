@@ -185,34 +185,16 @@ class Tracker:
     def backward(self, original, tensors, *args, **kwargs):
         """torch.autograd.backward, timed as "backward" with its wait on comm split off."""
         self.begin()
-        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        marks: list[int] = []
-        node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
-        if node is not None:
-            def queue(*_):
-                if not marks:  # run once, first of the callbacks autograd runs after its last node
-                    marks.append(0)
-                    torch.autograd.Variable._execution_engine.queue_callback(
-                        lambda: marks.append(time.perf_counter_ns()))
-            hook = node.register_prehook(queue)
         if not self.explicit:
             self.open_phase("backward")
-        first_op, start = len(self.recorder.ops), time.perf_counter_ns()
         self._backward += 1
+        computed = None
         try:
-            return original(tensors, *args, **kwargs)
+            computed = split_backward(self.recorder, tensors, lambda: original(tensors, *args, **kwargs))
         finally:
             self._backward -= 1
-            end = time.perf_counter_ns()
-            if node is not None:
-                hook.remove()
-            computed = marks[1] if len(marks) > 1 else end
             if not self.explicit and self._stack:
                 self.close_phase(computed)
-            last = max((op[END] for op in self.recorder.ops[first_op:] if op[HOST] and op[START] >= start),
-                       default=computed)
-            if min(end, last) > computed:
-                self.recorder.waits.append(("all_reduce", computed, min(end, last)))
 
     def install(self) -> None:
         self._handles = [
@@ -221,6 +203,34 @@ class Tracker:
             optim.register_optimizer_step_pre_hook(self._step_pre),
             optim.register_optimizer_step_post_hook(self._step_post),
         ]
+
+
+def split_backward(recorder, tensors, run) -> int:
+    """Run `run()`, a backward pass from `tensors`; return when autograd had run its last node
+    (perf_counter ns), and record the rest — a C++ reducer waiting on comm — as a wait in `recorder`."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+    marks: list[int] = []
+    hook = None
+    if node is not None:
+        def queue(*_):
+            if not marks:  # once: the first of the callbacks autograd runs after its last node
+                marks.append(0)
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: marks.append(time.perf_counter_ns()))
+        hook = node.register_prehook(queue)
+    first_op, start = len(recorder.ops), time.perf_counter_ns()
+    try:
+        run()
+    finally:
+        end = time.perf_counter_ns()
+        if hook is not None:
+            hook.remove()
+    computed = marks[1] if len(marks) > 1 else end
+    last = max((op[END] for op in recorder.ops[first_op:] if op[HOST] and op[START] >= start), default=computed)
+    if min(end, last) > computed:
+        recorder.waits.append(("all_reduce", computed, min(end, last)))
+    return computed
 
 
 ACTIVE: Tracker | None = None

@@ -124,6 +124,15 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
                      schedule_ns=schedule)
 
 
+class Span:
+    """A phase being timed; `end` set inside the block overrides its end."""
+
+    __slots__ = ("end",)
+
+    def __init__(self) -> None:
+        self.end = None
+
+
 class Phases:
     """Records the phases of each iteration and splits it once the iteration has ended.
 
@@ -143,13 +152,15 @@ class Phases:
 
     @contextmanager
     def phase(self, name: str):
-        """Time `name` and wrap it in an NVTX range."""
+        """Time `name` and wrap it in an NVTX range. Yields the span: setting its `end` (a stamp of this
+        clock) ends the phase there rather than at the block's end (backward stops where autograd did)."""
         ANNOTATOR.push(ANNOTATOR.label(name, phase_category(name)))
+        span = Span()
         start = self._now()
         try:
-            yield
+            yield span
         finally:
-            self.spans.append((name, start, self._now()))
+            self.spans.append((name, start, span.end if span.end is not None else self._now()))
             ANNOTATOR.pop()
 
     def begin(self, index: int) -> None:

@@ -43,6 +43,8 @@ CATALOG: dict[str, StrategyEntry] = {
     "pipeline-gpipe": StrategyEntry("pipeline", "PipelineGPipe", model_parallel="pp"),
     "pipeline-1f1b": StrategyEntry("pipeline", "Pipeline1F1B", model_parallel="pp"),
     "tensor": StrategyEntry("tensor", "TensorParallel", model_parallel="tp"),
+    "torch-ddp": StrategyEntry("torch_native", "TorchDDP", backends=("gloo", "nccl")),
+    "torch-fsdp": StrategyEntry("torch_native", "TorchFSDP", backends=("gloo", "nccl")),
 }
 
 

@@ -110,8 +110,17 @@ class Strategy:
         return self.params
 
     def sync_context(self, last_micro: bool):
-        """Context for one micro-batch's backward; comm hooks stay quiet unless it is the last."""
+        """Context for one micro-batch's forward and backward; comm hooks stay quiet unless it is the last."""
         return nullcontext()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for one micro-batch (a wrapper's, where the strategy wraps the model)."""
+        return self.model(x)
+
+    def backward(self, loss: torch.Tensor, phases) -> None:
+        """One micro-batch's backward, inside its "backward" phase."""
+        with phases.phase("backward"):
+            loss.backward()
 
     def backward_done(self, phases) -> None:
         """Gradient communication still owed after the last backward; leaves averaged grads."""
@@ -167,11 +176,11 @@ class Strategy:
         n = len(micro_batches)
         dtype = AUTOCAST.get(self.config.precision)
         for i, (x, y) in enumerate(micro_batches):
-            with phases.phase("forward"):
-                with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
-                    loss = loss_fn(self.spec.task, self.model(x), y) / n
-            with phases.phase("backward"), self.sync_context(i == n - 1):
-                self.scaler.scale(loss).backward()
+            with self.sync_context(i == n - 1):  # DDP's no_sync must see the forward too
+                with phases.phase("forward"):
+                    with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
+                        loss = loss_fn(self.spec.task, self.forward(x), y) / n
+                self.backward(self.scaler.scale(loss), phases)
             total += loss.item()
         self.backward_done(phases)
         return StepResult(total, self.optimizer_step(phases, measure_memory))

@@ -1,0 +1,106 @@
+"""What `commprof profile` costs a real training step: PyTorch's own DistributedDataParallel on ResNet-18
+(torchvision, CIFAR-10-sized synthetic batches of 32 per rank, SGD), 2 gloo ranks, the whole step as the
+script times it — unprofiled (ranks started with torchrun's variables) against `commprof profile` (every
+bucket through Comm's comm hook, BatchNorm's buffers through Comm, module/optimizer/autograd hooks, NVTX).
+
+Rounds alternate which goes first; each run's figure is the median of its steps after the warm-up; the
+ratio is profiled/unprofiled per round, and its median over rounds is the result.
+
+    python benchmarks/ddp_profiled.py [--rounds 5] [--steps 30] [--json PATH]
+
+Target: ≤ 1.02. Results: README, "Profiling any script".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+TARGET = 1.02
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP = 5
+
+
+def script(steps: int) -> None:
+    """One rank's training: prints its median step time (ms) after the warm-up as a JSON line."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torchvision.models.resnet18(num_classes=10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - start) * 1e3)
+    if dist.get_rank() == 0:
+        print(json.dumps({"step_ms": statistics.median(times[WARMUP:])}), flush=True)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(profiled: bool, steps: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    args = [__file__, "--script", "--steps", str(steps)]
+    if profiled:
+        procs = [subprocess.Popen([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--", *args],
+                                  env=env, stdout=subprocess.PIPE, text=True)]
+    else:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+        procs = [subprocess.Popen([sys.executable, *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                  stdout=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("a run failed")
+    return json.loads(next(line for out in outs for line in out.splitlines() if line.startswith('{"step_ms"')))["step_ms"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--script", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "ddp-profiled-results.json"))
+    args = p.parse_args()
+    if args.script:
+        script(args.steps)
+        return
+    rounds = []
+    for r in range(args.rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        got = {profiled: run(profiled, args.steps) for profiled in order}
+        rounds.append({"plain_ms": got[False], "profiled_ms": got[True], "ratio": got[True] / got[False]})
+        print(f"round {r}: plain {got[False]:.1f} ms, profiled {got[True]:.1f} ms, ratio {rounds[-1]['ratio']:.3f}",
+              flush=True)
+    doc = {"rounds": rounds, "plain_ms": statistics.median(x["plain_ms"] for x in rounds),
+           "profiled_ms": statistics.median(x["profiled_ms"] for x in rounds),
+           "ratio": statistics.median(x["ratio"] for x in rounds), "target": TARGET, "steps": args.steps,
+           "warmup": WARMUP}
+    print(f"median ratio {doc['ratio']:.3f} (target ≤ {TARGET})")
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""What interposition costs per op: a script's `dist.all_reduce` routed through Comm (commprof/comm/
+interpose.py: the wrapper, the group's Comm, Comm's timing, NVTX and op log) against torch's own
+`distributed_c10d.all_reduce`, side by side in the same processes.
+
+Every rank runs both in alternating blocks of N in-place 8-byte all_reduces (the op where the cost shows
+most; rounds alternate which goes first), each block timed as a whole after a barrier; extra = the median
+over rounds of (interposed block − torch block). A gloo op's own time moves by several µs from block to
+block, more than the cost sought, so the path is also timed alone: the same interposed calls with the
+backend's op replaced by nothing — the wrapper, the group's Comm, Comm's stamps, NVTX range and log entry. A 1-rank gloo
+world isolates the per-op cost (the op is local); 2 ranks show it beside a real exchange. Ranks are
+started as torchrun starts them, and by mpiexec (`--launcher mpi`): a script's process group is gloo
+either way (PyPI's torch has no MPI backend), so the MPI rows say what the cost is on ranks mpiexec starts.
+
+    python benchmarks/interpose_overhead.py [--rounds 101] [--iters 200] [--nproc 1,2] [--json PATH]
+
+Target: ≤ 2 µs per op, as Comm's own. Results: README, "Profiling any script".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+TARGET_US = 2.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker(rounds: int, iters: int) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from commprof.comm import interpose
+    from commprof.profile.clock import CpuClock
+    from commprof.profile.recorder import OpRecorder
+
+    if "RANK" not in os.environ:  # mpiexec's variables
+        os.environ.update(RANK=os.environ["PMI_RANK"], WORLD_SIZE=os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)
+    c10d.init_process_group("gloo")
+    t = torch.zeros(2)
+    recorder = OpRecorder(CpuClock())
+    per_op: dict[str, list[float]] = {"torch": [], "interposed": []}
+    for r in range(rounds + 1):  # round 0 warms both paths up and is not kept
+        order = ("torch", "interposed") if r % 2 == 0 else ("interposed", "torch")
+        for mode in order:
+            if mode == "interposed":
+                interpose.install(recorder)
+            call = dist.all_reduce
+            c10d.barrier()
+            start = time.perf_counter_ns()
+            for _ in range(iters):
+                call(t)
+            elapsed = time.perf_counter_ns() - start
+            if mode == "interposed":
+                interpose.uninstall()
+                assert len(recorder.ops) == iters, "every interposed call is in the op log"
+                recorder.clear()
+            if r:
+                per_op[mode].append(elapsed / iters / 1e3)
+    # the Python path alone: the same calls with the backend's op replaced by nothing, per rank, no exchange
+    from commprof.comm.torch_comm import TorchComm
+
+    interpose.install(recorder)
+    TorchComm._all_reduce = lambda self, tensor, op, output, async_op: None
+    path = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        path.append((time.perf_counter_ns() - start) / iters / 1e3)
+        recorder.clear()
+    interpose.uninstall()
+    per_op["python_path"] = path
+    if c10d.get_rank() == 0:
+        print(json.dumps(per_op), flush=True)
+    c10d.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads outlive destroy_process_group (see commprof.comm.end_process)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
+               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    command = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--iters", str(iters)]
+    if launcher == "mpi":
+        mpiexec = str(Path(sys.executable).parent / "mpiexec")
+        procs = [subprocess.Popen([mpiexec, "-n", str(nproc), *command], env=env, stdout=subprocess.PIPE, text=True)]
+    else:
+        procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                  stdout=subprocess.PIPE, text=True) for r in range(nproc)]
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"{launcher} × {nproc}: a rank failed")
+    per_op = json.loads(next(line for out in outs for line in out.splitlines() if line.startswith("{")))
+    extra = [i - t for i, t in zip(per_op["interposed"], per_op["torch"])]
+    return {"launcher": launcher, "nproc": nproc, "rounds": rounds, "iters": iters,
+            "torch_us": statistics.median(per_op["torch"]), "interposed_us": statistics.median(per_op["interposed"]),
+            "extra_us": statistics.median(extra), "extra_us_per_round": extra,
+            "python_path_us": statistics.median(per_op["python_path"]), "target_us": TARGET_US}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=101)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--nproc", default="1,2")
+    p.add_argument("--launchers", default="gloo,mpi")
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "interpose-overhead-results.json"))
+    args = p.parse_args()
+    if args.worker:
+        worker(args.rounds, args.iters)
+        return
+    rows = [measure(launcher, int(n), args.rounds, args.iters)
+            for launcher in args.launchers.split(",") for n in args.nproc.split(",")]
+    print("| launcher | ranks | torch (µs/op) | interposed (µs/op) | extra (µs/op, median of paired blocks) | "
+          "wrapper + Comm alone (µs/op) | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['launcher']} | {r['nproc']} | {r['torch_us']:.2f} | {r['interposed_us']:.2f} | "
+              f"{r['extra_us']:+.2f} | **{r['python_path_us']:.2f}** | ≤ {TARGET_US:g} |")
+    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

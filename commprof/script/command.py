@@ -47,6 +47,9 @@ class ProfileConfig:
     """Iterations per epoch, for volume per epoch; None: every iteration the script ran is the epoch."""
     global_batch: int | None
     """Samples per iteration across ranks, for throughput in samples/s; None: iterations/s only."""
+    ddp_hook: bool = True
+    """Route DistributedDataParallel's buckets through Comm by a comm hook (on CPU it costs one more pass
+    over the gradients: DDP's own path divides while copying them into the buckets)."""
     out: Outputs = field(default_factory=Outputs)
     """--json, --trace and the command line."""
 
@@ -61,6 +64,8 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
     p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
+    p.add_argument("--ddp-hook", action=argparse.BooleanOptionalAction, default=True,
+                   help="DDP's buckets through Comm (default on; off: they stay unseen in C++)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
     p.add_argument("--trace", metavar="DIR", help="Chrome traces: one per rank and DIR/trace.json")
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
@@ -87,7 +92,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
         rest = rest[1:]
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
-                         global_batch=args.global_batch,
+                         global_batch=args.global_batch, ddp_hook=args.ddp_hook,
                          out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace))
 
 
@@ -102,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
     nproc = cfg.nproc if cfg.nproc is not None else max(2, have)
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
-                             json_path=cfg.out.json, trace_dir=cfg.out.trace)
+                             json_path=cfg.out.json, trace_dir=cfg.out.trace, huge_pages=False)
     from commprof.script.rank import run_rank
 
     return run_rank(cfg, world)

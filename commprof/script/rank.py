@@ -66,7 +66,8 @@ class Session:
         self.cfg, self.world = cfg, world
         self.recorder = OpRecorder(CpuClock())
         self.interposer = interpose.install(self.recorder)
-        ddp_hook.install(self.interposer)
+        if cfg.ddp_hook:
+            ddp_hook.install(self.interposer)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
         self.initialised = False
         self.gathered: tuple | None = None

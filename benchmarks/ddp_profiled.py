@@ -9,7 +9,7 @@ ratio is profiled/unprofiled per round, and its median over rounds is the result
 
     python benchmarks/ddp_profiled.py [--rounds 7] [--steps 30] [--json PATH]
 
-Target: ≤ 1.02. Results: README, "Profiling any script".
+Target: ≤ 1.02. Results: README, "Benchmarks: what profiling a script costs".
 """
 
 from __future__ import annotations

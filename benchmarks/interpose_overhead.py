@@ -13,7 +13,7 @@ either way (PyPI's torch has no MPI backend), so the MPI rows say what the cost 
 
     python benchmarks/interpose_overhead.py [--rounds 101] [--iters 200] [--nproc 1,2] [--json PATH]
 
-Target: ≤ 2 µs per op, as Comm's own. Results: README, "Profiling any script".
+Target: ≤ 2 µs per op, as Comm's own. Results: README, "Benchmarks: what profiling a script costs".
 """
 
 from __future__ import annotations

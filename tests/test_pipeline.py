@@ -148,3 +148,13 @@ def test_bad_pipeline_input_fails_in_one_line(args, message):
 def test_stages_flag_is_refused_by_data_parallel_strategies():
     proc = commprof("run", "--strategy", "ddp", "--stages", "2", "--steps", "3")
     assert proc.returncode == 2 and "--stages does not apply to strategy ddp" in proc.stderr
+
+
+@pytest.mark.parametrize("nproc,model", [(2, "mnist-cnn"), (3, "gpt2-tiny")])
+def test_torch_pipeline_schedules_match_single(nproc, model):
+    spec = {"model": model, "replicas": 1, "batch": 4, "extra": {"micro_batches": 4}}
+    rows = run_worker(nproc, "gloo", strategies=["torch-pipeline-gpipe", "torch-pipeline-1f1b"], **spec)
+    for row in rows:  # the worker also checks measured == predicted on every rank
+        assert row["max_abs_diff"] <= 2e-5, row
+        act = row["pipeline"]["boundaries"][0]["bytes_per_micro"]
+        assert row["measured_by_rank"][0] == {"send (pp)": 4 * act, "recv (pp)": 4 * act}

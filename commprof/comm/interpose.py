@@ -114,9 +114,10 @@ class Interposer:
         self._comms[id(pg)] = (pg, comm)
         return comm
 
-    def adopt(self, comm: TorchComm) -> None:
-        """Use `comm` (a Comm over the default group) for the default group's calls: a strategy's own."""
-        pg = c10d._get_default_group()
+    def adopt(self, comm: TorchComm, group=None) -> None:
+        """Use `comm`, a strategy's own Comm over process group `group` (None: the default group), for
+        that group's calls: its label and op log."""
+        pg = group if group is not None else c10d._get_default_group()
         self._comms[id(pg)] = (pg, comm)
         self.recorder = comm.recorder
 

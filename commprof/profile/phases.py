@@ -33,8 +33,10 @@ from commprof.measurement import BUBBLE_P2P
 from commprof.profile.annotate import ANNOTATOR, phase_category
 from commprof.profile.recorder import END, GROUP, HOST, NAME, START, restamped
 
-COMPUTE = ("forward", "backward", "step", "recompute")
-"""Phases whose time is computation; "data" is timed and reported on its own."""
+COMPUTE = ("forward", "backward", "step", "recompute", "schedule")
+"""Phases whose time is computation; "data" is timed and reported on its own. "schedule" is a library's
+pipeline schedule running its micro-batches' forward and backward (torch-pipeline-*), send/recv inside it
+blocked and so not computation."""
 
 
 class Breakdown(NamedTuple):

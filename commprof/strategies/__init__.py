@@ -45,6 +45,10 @@ CATALOG: dict[str, StrategyEntry] = {
     "tensor": StrategyEntry("tensor", "TensorParallel", model_parallel="tp"),
     "torch-ddp": StrategyEntry("torch_native", "TorchDDP", backends=("gloo", "nccl")),
     "torch-fsdp": StrategyEntry("torch_native", "TorchFSDP", backends=("gloo", "nccl")),
+    "torch-pipeline-gpipe": StrategyEntry("torch_pipeline", "TorchPipelineGPipe", backends=("gloo", "nccl"),
+                                          model_parallel="pp"),
+    "torch-pipeline-1f1b": StrategyEntry("torch_pipeline", "TorchPipeline1F1B", backends=("gloo", "nccl"),
+                                         model_parallel="pp"),
 }
 
 

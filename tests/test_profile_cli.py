@@ -49,12 +49,17 @@ def test_every_call_of_a_plain_script_is_seen(tmp_path, launcher, nproc):
 
 
 def test_the_scripts_own_marks_and_a_group_left_alive(tmp_path):
-    doc, _ = profile(tmp_path, "--nproc", "2", "--warmup", "2", script="collectives.py",
-                     script_args=("--steps", "5", "--explicit", "--no-destroy"))
+    doc, _ = profile(tmp_path, "--nproc", "2", "--warmup", "2", "--trace", str(tmp_path / "tr"),
+                     script="collectives.py", script_args=("--steps", "5", "--explicit", "--no-destroy"))
     assert doc["steps"]["found"] == 5 and doc["steps"]["measured"] == 3
     assert volume(doc)["all_reduce"] == (1, 4000)
     # the two warm-up iterations' ops are outside every measured one
     assert doc["outside_iterations"]["all_reduce"]["calls"] == 2
+    events = json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
+    spans = [(e["pid"], e["name"].split(" ")[0]) for e in events if e.get("ph") == "X"]
+    for rank in (0, 1):  # the script's own phases and every op, on every rank's timeline
+        assert spans.count((rank, "forward")) == 5 and spans.count((rank, "iteration")) == 5
+        assert spans.count((rank, "all_reduce")) == 2 * 5  # its NVTX range, and its span on "comm (world)"
 
 
 def _state(path):

@@ -127,3 +127,22 @@ def test_a_missing_script_and_one_without_a_process_group_get_one_line(tmp_path)
     assert proc.stdout.count("no process group here") == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "never initialised a torch.distributed process group" in lines[0]
+
+
+def test_functional_collectives_are_counted_as_unseen(tmp_path):
+    script = tmp_path / "funcol.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "import torch.distributed._functional_collectives as funcol\n"
+                      "dist.init_process_group()\n"
+                      "for _ in range(3):\n"
+                      "    out = funcol.all_reduce(torch.ones(8), 'sum', dist.group.WORLD)\n"
+                      "    assert out.wait().tolist() == [2.0] * 8\n"
+                      "    dist.all_reduce(torch.ones(8))\n"
+                      "dist.destroy_process_group()\n")
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["unseen"] == {"functional all_reduce": 2 * 3}  # both ranks, three calls each
+    assert doc["outside_iterations"]["all_reduce"]["calls"] == 3  # the plain ones: seen (no optimizer here)
+    assert "unseen (ran as torch's own" in proc.stdout and "functional all_reduce ×6" in proc.stdout

@@ -27,7 +27,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import job
 from commprof.backends import slots
-from commprof.comm import _rendezvous, ddp_hook, interpose, join
+from commprof.comm import _rendezvous, ddp_hook, functional, interpose, join
 from commprof.errors import CommprofError, UsageError
 from commprof.profile import hooks, trace
 from commprof.profile.clock import CpuClock
@@ -68,6 +68,7 @@ class Session:
         self.interposer = interpose.install(self.recorder)
         if cfg.ddp_hook:
             ddp_hook.install(self.interposer)
+        functional.install(self.interposer.unseen)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
         self.initialised = False
         self.gathered: tuple | None = None
@@ -179,6 +180,7 @@ class Session:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""
         hooks.uninstall()
         ddp_hook.uninstall()
+        functional.uninstall()
         dist.init_process_group, dist.destroy_process_group = self._saved
         interpose.uninstall()
 

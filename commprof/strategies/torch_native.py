@@ -60,7 +60,7 @@ class TorchDDP(Strategy):
     def predict(self) -> dict[str, int]:
         out = {"all_reduce": tensor_bytes(self.params)}
         buffers = list(self.model.buffers())
-        if buffers and self.world_size > 1:
+        if buffers:  # every forward, on one rank as well
             out["broadcast"] = self.config.grad_accum * tensor_bytes(buffers)
         return out
 
@@ -96,6 +96,8 @@ class TorchFSDP(Strategy):
                    for p in params if p.dim() > 0)
 
     def predict(self) -> dict[str, int]:
+        if self.world_size == 1:  # FSDP2 on one rank keeps whole parameters and sends nothing
+            return {}
         micro = self.config.grad_accum
         gathers = sum(2 * self._padded(ps) for ps in self._unit_params) + self._padded(self._root_params)
         scatters = sum(self._padded([p for p in ps if p.requires_grad])

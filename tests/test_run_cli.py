@@ -120,3 +120,10 @@ def test_missing_data_file_is_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "train-images-idx3-ubyte" in lines[0], proc.stderr
+
+
+def test_a_one_stage_pipeline_is_refused_before_any_rank_starts():
+    for strategy in ("pipeline-gpipe", "torch-pipeline-1f1b"):
+        proc = commprof("run", "--strategy", strategy, "--nproc", "1", "--steps", "3")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == f"commprof: error: strategy {strategy} needs at least 2 stages (--stages), got 1"

@@ -180,8 +180,10 @@ class _Run:
     def check_world(cfg: RunConfig, world_size: int) -> None:
         parallel = CATALOG[cfg.strategy].model_parallel
         if parallel is not None:
-            degrees(world_size, dp=cfg.dp, inner=cfg.pp if parallel == "pp" else cfg.tp,
-                    flag="--stages" if parallel == "pp" else "--tp")
+            _, inner = degrees(world_size, dp=cfg.dp, inner=cfg.pp if parallel == "pp" else cfg.tp,
+                               flag="--stages" if parallel == "pp" else "--tp")
+            if parallel == "pp" and inner < 2:  # known before any rank starts: a grid skips it up front
+                raise UsageError(f"strategy {cfg.strategy} needs at least 2 stages (--stages), got {inner}")
         if cfg.strategy == "single" and world_size != 1:
             raise UsageError(f"strategy single runs on one process, not {world_size}")
         if cfg.strategy == "fsdp" and world_size < 2:

@@ -29,7 +29,7 @@ from commprof.errors import UsageError
 GRID_FLAGS = {
     "bench": ("--nproc",),
     "run": ("--strategy", "--nproc", "--batch-size", "--model", "--precision", "--micro-batches", "--bucket-mb",
-            "--backend"),
+            "--backend", "--head-width"),
 }
 """Flags that take a comma list, per command; the grid is their cartesian product, in this order."""
 OUTPUTS = ("--json", "--csv", "--plot", "--trace", "--link-rate")

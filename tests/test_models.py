@@ -118,6 +118,14 @@ def test_frozen_backbone_trains_only_the_head(name):
         assert torch.equal(v, buffers[k]), f"{k} changed in a training step"
 
 
+@pytest.mark.parametrize("width, trainable", [(2048, 55_599_114), (1024, 26_750_986)])
+def test_frozen_head_width_gives_the_study_parameter_counts(width, trainable):
+    # The DataParallel study's narrower VGG-16 heads: w*w + (25088 + 12)*w + 10 trainable parameters.
+    spec = build("vgg16", in_channels=1, image_size=28, num_classes=10, frozen_backbone=True, head_width=width)
+    assert count_parameters(spec.module) == trainable
+    assert [u.out_features for u in spec.units[1:]] == [width, width, 10]
+
+
 @pytest.mark.parametrize("name", TINY_TEXT)
 def test_gpt2_bert_tiny_give_logits_per_position(name):
     spec = build(name, vocab_size=50, seq_len=16)

@@ -107,6 +107,8 @@ def test_list_models():
     (["--steps", "2", "--warmup", "2"], "leaves no measured step"),
     (["--model", "gpt2-tiny", "--data", "text", "--data-dir", "/nonexistent/input.txt"], "/nonexistent/input.txt"),
     (["--model", "resnet18", "--frozen-backbone", "--optimizer", "lamb"], "invalid choice: 'lamb'"),
+    (["--model", "resnet18", "--head-width", "512"], "--head-width sizes the --frozen-backbone head"),
+    (["--model", "resnet18", "--frozen-backbone", "--head-width", "0"], "--head-width must be at least 1"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     proc = commprof("run", "--nproc", "1", *args, "--steps", "3") if "--steps" not in args else commprof("run", *args)

@@ -69,11 +69,12 @@ def _require_positive(**values: int) -> None:
 
 
 def build_model(name: str, *, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
-                vocab_size: int = 65, seq_len: int = 64, frozen_backbone: bool = False) -> ModelSpec:
+                vocab_size: int = 65, seq_len: int = 64, frozen_backbone: bool = False,
+                head_width: int = 4096) -> ModelSpec:
     """Model `name` built for the given input and output sizes; sizes that do not apply are ignored.
 
     `frozen_backbone` (torchvision models only) turns the model into a fixed feature extractor under
-    a trained 3-layer head. Raises UsageError for an unknown name or a combination that cannot work.
+    a trained 3-layer head whose hidden layers are `head_width` wide. Raises UsageError for an unknown name or a combination that cannot work.
     """
     entry = MODELS.get(name)
     if entry is None:
@@ -83,9 +84,10 @@ def build_model(name: str, *, num_classes: int = 10, in_channels: int = 3, image
             raise UsageError(f"a frozen backbone needs a torchvision image model; '{name}' is a text model")
         _require_positive(vocab_size=vocab_size, seq_len=seq_len)
         return entry.build(vocab_size=vocab_size, seq_len=seq_len)
-    _require_positive(num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+    _require_positive(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                      head_width=head_width)
     return entry.build(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                       frozen_backbone=frozen_backbone)
+                       frozen_backbone=frozen_backbone, head_width=head_width)
 
 
 def list_models() -> list[tuple[str, str, str]]:

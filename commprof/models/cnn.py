@@ -38,8 +38,10 @@ class MnistCNN(nn.Module):
         return self.fc2(x)
 
 
-def build(*, num_classes: int, in_channels: int, image_size: int, frozen_backbone: bool) -> ModelSpec:
-    """The MNIST example net for `in_channels`×`image_size`² inputs and `num_classes` outputs."""
+def build(*, num_classes: int, in_channels: int, image_size: int, frozen_backbone: bool,
+          head_width: int = 0) -> ModelSpec:
+    """The MNIST example net for `in_channels`×`image_size`² inputs and `num_classes` outputs (it has no
+    backbone to freeze, so no head width to take)."""
     if frozen_backbone:
         raise UsageError("model 'mnist-cnn' has no backbone to freeze; use a torchvision model")
     if image_size < MIN_IMAGE_SIZE:

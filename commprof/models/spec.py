@@ -40,7 +40,8 @@ class ModelEntry:
     """One name in the zoo."""
 
     build: Callable[..., ModelSpec]
-    """Keyword-only builder. Image models take num_classes, in_channels, image_size, frozen_backbone;
+    """Keyword-only builder. Image models take num_classes, in_channels, image_size, frozen_backbone,
+    head_width;
     text models take vocab_size, seq_len. `commprof.models.build_model` validates and dispatches."""
     kind: str
     """"image" or "text"."""

@@ -183,7 +183,8 @@ def units_of(stages: Stages) -> tuple[nn.Module, ...]:
     return tuple(m for _, m in stages if any(True for _ in m.parameters()))
 
 
-def build(name: str, *, num_classes: int, in_channels: int, image_size: int, frozen_backbone: bool) -> ModelSpec:
+def build(name: str, *, num_classes: int, in_channels: int, image_size: int, frozen_backbone: bool,
+          head_width: int = frozen.HEAD_WIDTH) -> ModelSpec:
     """Torchvision model `name`, adapted; with `frozen_backbone`, its features under a trained head."""
     arch = ARCHS[name]
     if image_size < arch.min_image_size:
@@ -192,7 +193,7 @@ def build(name: str, *, num_classes: int, in_channels: int, image_size: int, fro
     if frozen_backbone:
         net, units = frozen.fixed_feature_classifier(
             nn.Sequential(OrderedDict(parts.stages + (("pool", parts.pool),))),
-            feat_dim=parts.feat_dim, num_classes=num_classes)
+            feat_dim=parts.feat_dim, num_classes=num_classes, width=head_width)
         return ModelSpec(module=net, task="classify", units=units, kind="image", layers=tuple(net.children()),
                          head=units[1:])
     stages = parts.stages + parts.classifier

@@ -65,6 +65,7 @@ def add_parser(subparsers, summary: str) -> None:
                    help="pipelines: equalise parameters or measured time per stage (default params)")
     p.add_argument("--cuts", help="pipelines: first layer index of stages 1..p-1, e.g. 2,5 (overrides --balance)")
     p.add_argument("--frozen-backbone", action="store_true", help="frozen backbone + 4096-4096 head")
+    p.add_argument("--head-width", type=int, help="--frozen-backbone: the head's hidden width (default 4096)")
     p.add_argument("--num-classes", type=int)
     p.add_argument("--image-size", type=int)
     p.add_argument("--channels", type=int, dest="in_channels")
@@ -116,6 +117,10 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.batch_size % args.grad_accum:
         raise UsageError(f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
+    if args.head_width is not None and not args.frozen_backbone:
+        raise UsageError("--head-width sizes the --frozen-backbone head: give --frozen-backbone too")
+    if args.head_width is not None and args.head_width < 1:
+        raise UsageError(f"--head-width must be at least 1, got {args.head_width}")
     parallel = strategy.model_parallel
     for flag, value, applies in (("--stages", args.pp, parallel == "pp"), ("--tp", args.tp, parallel == "tp"),
                                  ("--dp", args.dp, parallel is not None), ("--cuts", args.cuts, parallel == "pp")):
@@ -143,6 +148,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb or 25.0,
         bucket_mb_given=args.bucket_mb is not None, precision=args.precision, grad_accum=args.grad_accum,
         checkpoint=args.checkpoint, prefetch=args.prefetch, frozen_backbone=args.frozen_backbone,
+        head_width=args.head_width or 4096,
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,

@@ -62,7 +62,9 @@ class RunConfig:
     cuts: tuple[int, ...] | None = None
     """Pipelines: explicit first layer of stages 1…p−1 (overrides --balance)."""
     frozen_backbone: bool = False
-    """Torchvision models: frozen random backbone + trainable 4096-4096-classes head."""
+    """Torchvision models: frozen random backbone + trainable width-width-classes head."""
+    head_width: int = 4096
+    """Width of the frozen-backbone head's two hidden layers."""
     num_classes: int | None = None
     """Classes of the classifier (default: the data's)."""
     image_size: int | None = None

@@ -46,7 +46,7 @@ def build(cfg: RunConfig):
     if kind == "image":
         spec = build_model(cfg.model, num_classes=cfg.num_classes or source.num_classes,
                            in_channels=source.in_channels, image_size=source.image_size,
-                           frozen_backbone=cfg.frozen_backbone)
+                           frozen_backbone=cfg.frozen_backbone, head_width=cfg.head_width)
     else:
         spec = build_model(cfg.model, vocab_size=source.num_classes, seq_len=source.seq_len)
     if cfg.checkpoint:

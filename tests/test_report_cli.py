@@ -89,6 +89,7 @@ def test_link_rate_is_drawn_on_the_bench_plots(saved, tmp_path):
     (("--plot", "d", "--link-rate", "1Gb/s"), "cannot read rate '1Gb/s' of --link-rate"),
     (("--link-rate", "25"), "--link-rate is drawn on the --plot figures"),
     (("--plot", "d", "--link-rate", "0"), "--link-rate 0: the rate must be positive"),
+    (("--markdown",), "--markdown writes the run comparison table; these are bench results"),
 ])
 def test_bad_link_rates_are_one_line_exit_2(saved, tmp_path, args, words):
     tmp, _ = saved

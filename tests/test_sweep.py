@@ -54,6 +54,35 @@ def test_speedup_is_throughput_over_single_and_efficiency_over_ranks(grid):
     assert float(rows["strategy=single nproc=1"]["speedup"]) == 1.0
 
 
+def test_without_single_the_speedup_is_over_one_rank_of_the_same_configuration(grid):
+    from commprof.report.compare import run_rows
+
+    _, tmp = grid
+    runs = [r for r in json.loads((tmp / "grid.json").read_text())["runs"] if r["config"]["--strategy"] == "ddp"]
+    one, two = run_rows(runs)
+    throughput = [r["result"]["summary"]["throughput"] for r in runs]
+    assert one["speedup"] == 1.0 and one["baseline"] == two["baseline"] == "strategy=ddp nproc=1"
+    assert two["speedup"] == pytest.approx(throughput[1] / throughput[0])
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+
+
+def test_report_markdown_is_the_grid_table(grid):
+    _, tmp = grid
+    proc = commprof("report", str(tmp / "grid.json"), "--markdown", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["label"]: r for r in csv.DictReader((tmp / "grid.csv").open())}
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("| configuration | wall ms |") and lines[1].startswith("| --- | ---: |")
+    table = [line.strip("| ").split(" | ") for line in lines[2:] if line.startswith("|")]
+    assert [cells[0] for cells in table] == list(rows)
+    heads = lines[0].strip("| ").split(" | ")
+    for cells in table:
+        row = rows[cells[0]]
+        assert float(cells[heads.index("wall ms")].replace(",", "")) == pytest.approx(float(row["wall_ms"]), abs=0.005)
+        assert float(cells[heads.index("speed-up")]) == pytest.approx(float(row["speedup"]), abs=0.005)
+    assert "over the `single` run" in proc.stdout
+
+
 def test_grid_plots_are_written(grid):
     _, tmp = grid
     names = sorted(p.name for p in (tmp / "plots").iterdir())

@@ -5,6 +5,7 @@ grid files: one comparison table, a row per configuration.
 
     commprof report grid.json --plot plots/
     commprof report gloo.json mpi.json
+    commprof report grid.json --markdown > table.md
 
 Exercised by: `pytest tests/test_report_cli.py`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from commprof.errors import UsageError
@@ -23,6 +25,8 @@ def add_parser(subparsers, summary: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", metavar="FILE", help="--json files of commprof bench, run or a grid")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")
+    p.add_argument("--markdown", action="store_true",
+                   help="run and grid results: the comparison table as GitHub Markdown on stdout")
     p.add_argument("--link-rate", metavar="RATE",
                    help="the link's rate, drawn on the bench bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
     p.set_defaults(func=main)
@@ -74,6 +78,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("report takes bench results or run results, not both: "
                          + ", ".join(f"{p} ({k})" for p, k, _ in loaded))
     out = Console(width=None if Console().is_terminal else 220)
+    if args.markdown and kinds == {"bench"}:
+        raise UsageError("--markdown writes the run comparison table; these are bench results")
     if kinds == {"bench"}:
         docs = [d if k == "bench" else {"env": None, "results": d["results"]} for _, k, d in loaded]
         if len(docs) == 1:
@@ -102,5 +108,8 @@ def main(args: argparse.Namespace) -> int:
             grid.update(doc["grid"])
         else:
             runs.append({"label": Path(path).stem, "config": {}, "error": None, "result": doc})
+    if args.markdown:
+        print(compare.run_markdown(compare.run_rows(runs)), end="")
+        out = Console(file=open(os.devnull, "w"))  # the plots only
     compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out)
     return 0

@@ -22,7 +22,7 @@ from commprof.report.units import format_bytes
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
                "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
                "predicted_payload_bytes_per_step", "peak_mem_bytes", "final_loss", "steps_to_threshold",
-               "speedup", "efficiency", "error")
+               "speedup", "efficiency", "baseline", "error")
 
 
 def run_row(run: dict) -> dict:
@@ -43,15 +43,20 @@ def run_row(run: dict) -> dict:
 
 
 def run_rows(runs: list[dict]) -> list[dict]:
-    """Rows of every run; speed-up (throughput over `single`'s) and efficiency (speed-up / ranks) where
-    the grid has a `single` run agreeing on every flag but strategy and ranks."""
+    """Rows of every run; speed-up (throughput over the baseline's) and efficiency (speed-up / ranks).
+    The baseline is the `single` run agreeing on every flag but strategy and ranks, or, where the grid has
+    none, the same configuration at 1 rank (the scaling of one strategy); `baseline` names it."""
     rows = [run_row(r) for r in runs]
-    singles = [(r, row) for r, row in zip(runs, rows) if _strategy(r) == "single" and row["throughput"]]
+    ok = [(r, row) for r, row in zip(runs, rows) if row["throughput"]]
     for run, row in zip(runs, rows):
-        base = next((b for r, b in singles if _others(r) == _others(run)), None)
-        if base is not None and row["throughput"] is not None:
+        if row["throughput"] is None:
+            continue
+        base = next((b for r, b in ok if _strategy(r) == "single" and _others(r) == _others(run)), None) \
+            or next((b for r, b in ok if _ranks(r) == 1 and _but_ranks(r) == _but_ranks(run)), None)
+        if base is not None:
             row["speedup"] = row["throughput"] / base["throughput"]
             row["efficiency"] = row["speedup"] / _ranks(run)
+            row["baseline"] = base["label"]
     return rows
 
 
@@ -68,30 +73,55 @@ def _others(run: dict) -> dict:
     return {k: v for k, v in run["config"].items() if k not in ("--strategy", "--nproc")}
 
 
+def _but_ranks(run: dict) -> dict:
+    return {k: v for k, v in run["config"].items() if k != "--nproc"}
+
+
 def _n(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
-def run_table(rows: list[dict], title: str = "grid") -> Table:
-    table = Table(title=f"{title}: medians per iteration, averaged over ranks")
-    heads = ("configuration", "wall ms", "compute ms", "comm ms", "exposed ms", "overlap %", "bubble ms",
+RUN_HEADS = ("configuration", "wall ms", "compute ms", "comm ms", "exposed ms", "overlap %", "bubble ms",
              "throughput", "epoch s", "payload/step", "predicted", "peak mem", "final loss", "steps to thr.",
              "speed-up", "efficiency")
-    for h in heads:
+"""The comparison table's columns, in the terminal and in Markdown."""
+
+
+def run_cells(r: dict) -> list[str]:
+    """One row's cells under RUN_HEADS (a failed run: its error in the second)."""
+    if r["error"]:
+        return [r["label"], f"failed: {r['error']}", *[""] * (len(RUN_HEADS) - 2)]
+    return [r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
+            _n(r["overlap_pct"], 1), _n(r["bubble_ms"]), f"{_n(r['throughput'], 1)} {r['throughput_unit']}",
+            _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
+            "—" if r["predicted_payload_bytes_per_step"] is None
+            else format_bytes(r["predicted_payload_bytes_per_step"]),
+            format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
+            "—" if r["steps_to_threshold"] is None else str(r["steps_to_threshold"]),
+            _n(r["speedup"]), _n(r["efficiency"])]
+
+
+def run_table(rows: list[dict], title: str = "grid") -> Table:
+    table = Table(title=f"{title}: medians per iteration, averaged over ranks")
+    for h in RUN_HEADS:
         table.add_column(h, justify="left" if h == "configuration" else "right")
     for r in rows:
+        cells = run_cells(r)
         if r["error"]:
-            table.add_row(r["label"], f"[red]failed: {r['error']}[/red]", *[""] * (len(heads) - 2))
-            continue
-        table.add_row(r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
-                      _n(r["overlap_pct"], 1), _n(r["bubble_ms"]), f"{_n(r['throughput'], 1)} {r['throughput_unit']}",
-                      _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
-                      "—" if r["predicted_payload_bytes_per_step"] is None
-                      else format_bytes(r["predicted_payload_bytes_per_step"]),
-                      format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
-                      "—" if r["steps_to_threshold"] is None else str(r["steps_to_threshold"]),
-                      _n(r["speedup"]), _n(r["efficiency"]))
+            cells[1] = f"[red]{cells[1]}[/red]"
+        table.add_row(*cells)
     return table
+
+
+def run_markdown(rows: list[dict]) -> str:
+    """The comparison table as GitHub Markdown, with a line saying what the speed-up is over."""
+    lines = ["| " + " | ".join(RUN_HEADS) + " |",
+             "| --- | " + " | ".join("---:" for _ in RUN_HEADS[1:]) + " |"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in run_cells(r)) + " |" for r in rows]
+    if any(r.get("baseline") for r in rows):
+        lines += ["", "Speed-up: throughput over the `single` run with the same other flags, or where the grid "
+                      "has none, over the same configuration at 1 rank; efficiency: speed-up / ranks."]
+    return "\n".join(lines) + "\n"
 
 
 def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[tuple, dict]]]:

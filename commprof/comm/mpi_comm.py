@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from commprof.comm.base import Comm
 from commprof.errors import UnsupportedError
 
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+          torch.bfloat16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
+          torch.int32: np.int32, torch.int64: np.int64, torch.bool: np.bool_}
+"""The NumPy dtype MPI sees for each torch dtype (bfloat16: its raw 16-bit words)."""
+
 IDLE_POLL_S = 1e-3
 """How often an idle rank's barrier looks for its peers: short against any point's warm-up and timed loop."""
+
 
 class MpiComm(Comm):
     """An mpi4py communicator behind the Comm interface."""
@@ -40,18 +47,32 @@ class MpiComm(Comm):
             raise UnsupportedError(f"MPI has no {name} reduce op") from None
 
     def _buf(self, t: torch.Tensor):
-        """Zero-copy NumPy view; bfloat16 as raw words (only valid where nothing is reduced).
+        """Zero-copy NumPy array over the tensor's memory; bfloat16 as raw words (only valid where nothing
+        is reduced).
 
-        Views of the last two tensors are kept: tensor.numpy() costs ~0.7 µs, a third of a small MPI
-        op, and a benchmark or training loop hands the same buffers over and over."""
+        Made from the address, not with tensor.numpy(): torch marks a storage exported to NumPy as never
+        resizable again, and fsdp frees and re-allocates its gathered buffers by resizing their storage.
+        Arrays of the last two tensors are kept (the tensor pinned with them, so the memory stays
+        valid while its address and size do): a benchmark or training loop hands the same buffers over
+        and over, and building one costs a quarter of a small MPI op."""
+        key = (t.data_ptr(), t.nbytes)
         hit = self._views.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == t.data_ptr():
+        if hit is not None and hit[0] is t and hit[1] == key:
             return hit[2]
-        view = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+        if not t.is_contiguous():
+            raise UnsupportedError("MPI sends contiguous tensors only")
+        view = np.frombuffer(self._MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), dtype=self._dtype(t))
         if len(self._views) >= 2:
             self._views.clear()  # never pin more than two stale buffers
-        self._views[id(t)] = (t, t.data_ptr(), view)
+        self._views[id(t)] = (t, key, view)
         return view
+
+    @staticmethod
+    def _dtype(t: torch.Tensor):
+        try:
+            return _NUMPY[t.dtype]
+        except KeyError:
+            raise UnsupportedError(f"MPI cannot move {t.dtype}") from None
 
     # ---- data plane ---------------------------------------------------------------------------
     def _all_reduce(self, tensor, op, output, async_op):

@@ -26,17 +26,39 @@ def across(values: list[float]) -> dict:
             "slowest_rank": int(arr.argmax()), "skew": float(arr.max() - arr.min())}
 
 
-def rank_summary(result: dict) -> dict:
+def time_row(result: dict) -> dict:
+    """One rank's time figures: the median of each over its measured iterations (0 without any), comm per
+    process group, overlap % = Σ overlap / Σ comm."""
     its = result["iterations"]
     row = {"rank": result["rank"]}
     for name in FIGURES:
-        row[name] = float(np.median([it[name] for it in its]))
+        row[name] = float(np.median([it[name] for it in its])) if its else 0.0
     groups = sorted({g for it in its for g in it["comm_by_group_ms"]})
     row["comm_by_group_ms"] = {g: float(np.median([it["comm_by_group_ms"].get(g, 0.0) for it in its]))
                                for g in groups}
-    row["coords"] = result["coords"]
     comm = sum(it["comm_ms"] for it in its)
     row["overlap_pct"] = 100.0 * sum(it["overlap_ms"] for it in its) / comm if comm > 0 else 0.0
+    return row
+
+
+def time_summary(rows: list[dict]) -> dict:
+    """The time figures across ranks: each one's average (the headline), its spread, the rows, and the mean
+    comm per process group."""
+    summary: dict = {name: across([r[name] for r in rows])["avg"] for name in FIGURES}
+    summary["overlap_pct"] = across([r["overlap_pct"] for r in rows])["avg"]
+    summary["across_ranks"] = {name: across([r[name] for r in rows]) for name in (*FIGURES, "overlap_pct")}
+    summary["per_rank"] = rows
+    by_group: dict = defaultdict(list)
+    for r in rows:
+        for g, v in r["comm_by_group_ms"].items():
+            by_group[g].append(v)
+    summary["comm_by_group_ms"] = {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
+    return summary
+
+
+def rank_summary(result: dict) -> dict:
+    row = time_row(result)
+    row["coords"] = result["coords"]
     held = result["held_bytes"]
     row["held_bytes"] = held
     gpu = result["gpu_max_allocated_bytes"]
@@ -60,8 +82,7 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     results = sorted(results, key=lambda r: r["rank"])
     first = results[0]
     rows = [rank_summary(r) for r in results]
-    summary: dict = {name: across([r[name] for r in rows])["avg"] for name in FIGURES}
-    summary["overlap_pct"] = across([r["overlap_pct"] for r in rows])["avg"]
+    summary = time_summary(rows)
     summary["peak_mem_bytes"] = max(r["peak_mem_bytes"] for r in rows)
     summary["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in rows)
     step_s = max(r["wall_ms"] for r in rows) / 1e3
@@ -71,13 +92,6 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
         summary["tokens_per_s"] = summary["throughput"] * first["tokens_per_sample"]
     summary["iteration_ms"] = step_s * 1e3
     summary["epoch_s"] = step_s * first["steps_per_epoch"]
-    summary["across_ranks"] = {name: across([r[name] for r in rows]) for name in (*FIGURES, "overlap_pct")}
-    summary["per_rank"] = rows
-    by_group: dict = defaultdict(list)
-    for r in rows:
-        for g, v in r["comm_by_group_ms"].items():
-            by_group[g].append(v)
-    summary["comm_by_group_ms"] = {g: float(np.mean(v)) for g, v in sorted(by_group.items())}
     pipeline = pipeline_section(results, rows)
     if pipeline is not None:
         summary["bubble_fraction"] = pipeline["bubble_fraction"]

@@ -160,6 +160,7 @@ RUN = (
     Flag(("--balance",), names(BALANCE, ("even",))),
     Flag(("--cuts",), CUTS),
     Flag(("--frozen-backbone",), None),
+    Flag(("--head-width",), INTS),
     Flag(("--num-classes",), INTS),
     Flag(("--image-size",), INTS),
     Flag(("--channels",), INTS),

@@ -85,12 +85,7 @@ def average_gradients(dp_comm, params, buffer_holder: dict) -> None:
         offset += n
 
 
-def replica_volume(dp_comm, params, precision: str) -> dict[str, int]:
+def replica_volume(dp_comm, params) -> dict[str, int]:
     """Predicted bytes per step outside the model-parallel group: the replicas' gradient all_reduce
-    (average_gradients) and, with fp16, the 4-byte overflow flag all-reduced over the world."""
-    out = {}
-    if dp_comm is not None and params:
-        out["all_reduce (dp)"] = tensor_bytes(params)
-    if precision == "fp16":
-        out["all_reduce"] = 4
-    return out
+    (average_gradients)."""
+    return {"all_reduce (dp)": tensor_bytes(params)} if dp_comm is not None and params else {}

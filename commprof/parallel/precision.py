@@ -4,7 +4,7 @@ fp16 gradients underflow unless the loss is scaled up before backward; the scale
 produced inf/NaN (the step is skipped) and doubles after `growth_interval` clean steps. With sharded
 gradients (zero2, fsdp) each rank sees only its shard, so the "found inf" flag is all-reduced (max)
 through the Comm — 4 bytes per step, counted like any other op — and every rank skips together.
-Exercised by: `pytest tests/test_run_cli.py -k fp16`.
+Exercised by: `pytest tests/test_run_cli.py -k mixed_precision`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ class LossScaler:
         self._clean = 0
         self.skipped = 0
         """Steps skipped for inf/NaN gradients."""
+
+    def predict(self) -> dict[str, int]:
+        """Payload bytes per step: the found-inf flag's all_reduce, where there are peers to agree with."""
+        return {"all_reduce": 4} if self.enabled and self.comm is not None else {}
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale_value if self.enabled else loss

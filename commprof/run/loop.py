@@ -118,7 +118,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
     result = {
         "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss, "group_sizes": strategy.group_sizes(),
         "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(), "iterations": iterations, "losses": losses, "volume_steps": volumes,
-        "predicted": strategy.predict(), "held_bytes": step_result.held_bytes,
+        "predicted": strategy.predicted_volume(), "held_bytes": step_result.held_bytes,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "parameters": parameters, "trainable_parameters": trainable_parameters,

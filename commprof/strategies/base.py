@@ -132,6 +132,13 @@ class Strategy:
         """Analytic payload bytes per step, per op name, from the parameter count."""
         return {}
 
+    def predicted_volume(self) -> dict[str, int]:
+        """predict(), plus what every strategy shares: fp16's overflow flag (LossScaler.predict)."""
+        out = dict(self.predict())
+        for op, nbytes in self.scaler.predict().items():
+            out[op] = out.get(op, 0) + nbytes
+        return out
+
     def micro_batches(self) -> int:
         """Micro-batches the loop splits this rank's batch into (pipelines: --micro-batches)."""
         return self.config.grad_accum

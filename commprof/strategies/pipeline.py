@@ -200,7 +200,7 @@ class PipelineGPipe(Strategy):
             out[f"recv ({link_label(s - 1)})"] = m * self._boundary_bytes(s - 1)
             if self.needs_grad[s - 1]:
                 out[f"send ({link_label(s - 1)})"] = m * self._boundary_bytes(s - 1)
-        return {**out, **replica_volume(self.grid.dp_comm, self.params, self.config.precision)}
+        return {**out, **replica_volume(self.grid.dp_comm, self.params)}
 
     def group_sizes(self) -> dict[str, int]:
         return {"world": self.world_size, "pp": self.stages, "dp": self.grid.dp,

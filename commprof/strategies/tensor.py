@@ -272,7 +272,7 @@ class TensorParallel(Strategy):
         positions = sum(s[0] * (s[1] if self.spec.kind == "text" else 1) for s in self._micro)
         if positions:
             out["all_reduce (tp)"] = positions * per_sample
-        return {**out, **replica_volume(self.grid.dp_comm, self.params, self.config.precision)}
+        return {**out, **replica_volume(self.grid.dp_comm, self.params)}
 
     def group_sizes(self) -> dict[str, int]:
         return {"world": self.world_size, "tp": self.t, "dp": self.grid.dp}

@@ -14,6 +14,7 @@ Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.p
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from rich.console import Console
@@ -47,6 +48,8 @@ def add_parser(subparsers, summary: str) -> None:
                    help="run every collective on the first K ranks while the others wait, for each K in turn")
     p.add_argument("--concurrent", action="store_true",
                    help="with --group-sizes: every disjoint group of K ranks measures at once (contention)")
+    p.add_argument("--groups", metavar="LEVELS",
+                   help="intra, inter or intra,inter: measure within each host and across hosts apart")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size, K/M/G suffixes (default 8)")
     p.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply size by this (default 2)")
@@ -119,6 +122,11 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     group_sizes = flags.int_list("--group-sizes", args.group_sizes)
     if args.concurrent and not group_sizes:
         raise UsageError("--concurrent runs groups of --group-sizes ranks at once: give --group-sizes")
+    levels = tuple(dict.fromkeys(w.strip() for w in (args.groups or "").split(",") if w.strip()))
+    if args.groups is not None and (not levels or set(levels) - {"intra", "inter"}):
+        raise UsageError(f"--groups {args.groups!r}: give intra, inter or intra,inter")
+    if levels and group_sizes:
+        raise UsageError("--groups and --group-sizes each lay out the ranks: give one of them")
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
         dtypes=tuple(parse_dtypes(args.datatype)),
@@ -127,6 +135,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
         timeout_s=args.timeout, nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
+        levels=levels,
         out=Outputs(argv=tuple(args.argv), json=args.json, csv=args.csv, trace=args.trace, debug_dump=args.debug_dump))
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
@@ -183,7 +192,10 @@ class _Bench:
         from commprof.profile.annotate import ANNOTATOR, MEASURED
 
         world = rank.comm
-        shapes = layouts(cfg, world.world_size)
+        hosts = None
+        if cfg.levels:  # every rank lays out the same groups: rank 0's gathered list, broadcast
+            hosts = world.broadcast_object(world.gather_object(socket.gethostname(), dst=0), src=0)
+        shapes = layouts(cfg, world.world_size, hosts)
         plans = [plan(cfg, layout.size) for layout in shapes]
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
         sink = _Sink(cfg, rank.env, plans, shapes) if rank.world.rank == 0 else None
@@ -297,6 +309,10 @@ class _Sink:
 def _layout_notes(layout) -> list[str]:
     """What a table of groups measured at once, or of a job with ranks left waiting, needs said."""
     notes = []
+    if layout.level:
+        where = "within each host" if layout.level == "intra" else "across hosts, one rank of each"
+        notes.append(f"{layout.level}-host: {where}: " + "; ".join(
+            f"{layout.label(i)} = ranks {','.join(map(str, g))}" for i, g in enumerate(layout.groups)))
     if len(layout.groups) > 1:
         notes.append(f"{len(layout.groups)} groups of {layout.size} ranks measured at once; time and busbw over "
                      "all their ranks, each group's own in the JSON (group_time_us, group_busbw_GBps)")

@@ -61,6 +61,9 @@ class BenchConfig:
     concurrent: bool = False
     """Each group size runs on every disjoint group of that many ranks at once (--concurrent), instead
     of on the first ranks alone while the rest wait."""
+    levels: tuple[str, ...] = ()
+    """Levels of the host hierarchy measured apart (--groups intra,inter): "intra" runs every collective
+    within each host, all hosts at once; "inter" across hosts, one group per local rank, all at once."""
     out: Outputs = Outputs()
     """Files the job writes and the command line it was started with."""
 

@@ -2,7 +2,8 @@
 every rank, gather the times on rank 0 and turn them into one record per mode (out-of-place, in-place).
 
 A sweep runs on one layout of the job's ranks: all of them (the default), the first k while the others
-wait (--group-sizes k), or every disjoint group of k at once (--concurrent). Ranks outside every group
+wait (--group-sizes k), every disjoint group of k at once (--concurrent), or the levels of the hosts
+(--groups intra,inter: each host's ranks, all hosts at once; then one rank of each host per group). Ranks outside every group
 pass each point's world barriers with the members (one before each timed loop, one after the last), idle
 ones that sleep rather than spin, so nobody waits longer than one point, the waiting ranks leave their
 cores to the measuring ones, and concurrent groups start each timed loop together.
@@ -24,6 +25,7 @@ from commprof.backends import unsupported
 from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import MODES, BenchConfig
+from commprof.errors import UsageError
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.profile.recorder import NAME, NBYTES
@@ -65,6 +67,8 @@ class Layout:
     """Ranks in the job."""
     concurrent: bool = False
     """Made by --concurrent (even where one group fills the job)."""
+    level: str = ""
+    """"intra" (within each host) or "inter" (across hosts) under --groups; else empty."""
 
     @property
     def whole(self) -> bool:
@@ -73,12 +77,21 @@ class Layout:
 
     def label(self, i: int = 0) -> str:
         """Name of group i in the op log, NVTX messages and the trace."""
+        if self.level:
+            return f"{self.level}{i}"
         ranks = self.groups[i]
         return f"ranks{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank{ranks[0]}"
 
 
-def layouts(cfg: BenchConfig, world_size: int) -> list[Layout]:
-    """The sweeps a job runs, in order: one per group size (checked by the CLI), or one of every rank."""
+def layouts(cfg: BenchConfig, world_size: int, hosts: list[str] | None = None) -> list[Layout]:
+    """The sweeps a job runs, in order: one per level of the hosts (`hosts`: each rank's), one per group
+    size (checked by the CLI), or one of every rank."""
+    if cfg.levels:
+        out = [level_layout(level, hosts) for level in cfg.levels]
+        for layout in out:
+            if cfg.root >= layout.size:
+                raise UsageError(f"--root {cfg.root} is outside 0..{layout.size - 1} of the {layout.level}-host groups")
+        return out
     if not cfg.group_sizes:
         return [Layout(world_size, (tuple(range(world_size)),), world_size)]
     out = []
@@ -87,6 +100,28 @@ def layouts(cfg: BenchConfig, world_size: int) -> list[Layout]:
         out.append(Layout(k, tuple(tuple(range(g * k, (g + 1) * k)) for g in range(count)), world_size,
                           cfg.concurrent))
     return out
+
+
+def level_layout(level: str, hosts: list[str]) -> Layout:
+    """"intra": one group per host, of its ranks; "inter": group j of every host's j-th rank. Every host
+    must run the same number of ranks, and the level must have two ranks per group to measure."""
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    per_host = {len(ranks) for ranks in by_host.values()}
+    if len(per_host) > 1:
+        raise UsageError("--groups needs the same number of ranks on every host: "
+                         + ", ".join(f"{h} {len(r)}" for h, r in by_host.items()))
+    local = per_host.pop()
+    if level == "intra":
+        if local < 2:
+            raise UsageError("--groups intra needs at least 2 ranks per host, this job runs 1")
+        groups = tuple(tuple(ranks) for ranks in by_host.values())
+    else:
+        if len(by_host) < 2:
+            raise UsageError(f"--groups inter needs at least 2 hosts, this job runs on 1 ({hosts[0]})")
+        groups = tuple(tuple(ranks[j] for ranks in by_host.values()) for j in range(local))
+    return Layout(len(groups[0]), groups, len(hosts), concurrent=len(groups) > 1, level=level)
 
 
 def join(world: Comm, layout: Layout) -> Comm | None:
@@ -241,7 +276,7 @@ def layout_record(cfg: BenchConfig, point: Point, inplace: bool, layout: Layout,
     per_group = [[gathered[r][inplace] for r in ranks] for ranks in layout.groups]
     record = make_record(cfg, point, inplace, [row for rows in per_group for row in rows], layout.size)
     record.update(world_size=layout.world_size, group_size=layout.size, groups=len(layout.groups),
-                  concurrent=layout.concurrent)
+                  concurrent=layout.concurrent, level=layout.level)
     if len(per_group) > 1:
         own = [make_record(cfg, point, inplace, rows, layout.size) for rows in per_group]
         record["group_time_us"] = [r["time_us"] for r in own]

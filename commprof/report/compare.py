@@ -21,7 +21,7 @@ from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
                "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
-               "predicted_payload_bytes_per_step", "peak_mem_bytes", "final_loss", "steps_to_threshold",
+               "predicted_payload_bytes_per_step", "payload_bytes_per_epoch", "peak_mem_bytes", "final_loss", "steps_to_threshold",
                "speedup", "efficiency", "baseline", "error")
 
 
@@ -37,6 +37,7 @@ def run_row(run: dict) -> dict:
     row["payload_bytes_per_step"] = sum(v["payload_bytes_per_step"] for v in volume)
     predicted = [v.get("predicted_payload_bytes_per_step") for v in volume]
     row["predicted_payload_bytes_per_step"] = None if None in predicted else sum(predicted)
+    row["payload_bytes_per_epoch"] = sum(v["bytes_per_epoch"] for v in volume)
     row["final_loss"] = doc["metrics"]["final_loss"]
     row["steps_to_threshold"] = doc["metrics"]["steps_to_threshold"]
     return row
@@ -82,8 +83,8 @@ def _n(value, digits: int = 2) -> str:
 
 
 RUN_HEADS = ("configuration", "wall ms", "compute ms", "comm ms", "exposed ms", "overlap %", "bubble ms",
-             "throughput", "epoch s", "payload/step", "predicted", "peak mem", "final loss", "steps to thr.",
-             "speed-up", "efficiency")
+             "throughput", "epoch s", "payload/step", "predicted", "payload/epoch", "peak mem", "final loss",
+             "steps to thr.", "speed-up", "efficiency")
 """The comparison table's columns, in the terminal and in Markdown."""
 
 
@@ -94,11 +95,17 @@ def run_cells(r: dict) -> list[str]:
     return [r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
             _n(r["overlap_pct"], 1), _n(r["bubble_ms"]), f"{_n(r['throughput'], 1)} {r['throughput_unit']}",
             _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
-            "—" if r["predicted_payload_bytes_per_step"] is None
-            else format_bytes(r["predicted_payload_bytes_per_step"]),
-            format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
+            _predicted(r["payload_bytes_per_step"], r["predicted_payload_bytes_per_step"]),
+            format_bytes(r["payload_bytes_per_epoch"]), format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
             "—" if r["steps_to_threshold"] is None else str(r["steps_to_threshold"]),
             _n(r["speedup"]), _n(r["efficiency"])]
+
+
+def _predicted(measured: int, predicted: int | None) -> str:
+    """"=" where the prediction is exact; else the prediction and how far off, in bytes."""
+    if predicted is None:
+        return "—"
+    return "=" if predicted == measured else f"{format_bytes(predicted)} ({predicted - measured:+,} B)"
 
 
 def run_table(rows: list[dict], title: str = "grid") -> Table:

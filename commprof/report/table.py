@@ -11,18 +11,17 @@ from rich.text import Text
 
 
 
-def ranks_key(rec: dict) -> tuple[int, int]:
-    """(ranks in each group, groups measuring at once) of a bench record: (world size, 1) unless it ran
-    under --group-sizes."""
-    return rec.get("group_size", rec["world_size"]), rec.get("groups", 1)
+def ranks_key(rec: dict) -> tuple[int, int, str]:
+    """(ranks in each group, groups measuring at once, host level) of a bench record: (world size, 1, "")
+    unless it ran under --group-sizes or --groups."""
+    return rec.get("group_size", rec["world_size"]), rec.get("groups", 1), rec.get("level", "")
 
 
-def ranks_label(key: tuple[int, int]) -> str:
-    """'1 rank', '4 ranks', or '4 groups of 2' for groups measuring at once."""
-    size, groups = key
-    if groups > 1:
-        return f"{groups} groups of {size}"
-    return f"{size} rank{'' if size == 1 else 's'}"
+def ranks_label(key: tuple[int, int, str]) -> str:
+    """'1 rank', '4 ranks', '4 groups of 2' for groups measuring at once; '2 groups of 2 intra-host'."""
+    size, groups, level = key
+    text = f"{groups} groups of {size}" if groups > 1 else f"{size} rank{'' if size == 1 else 's'}"
+    return f"{text} {level}-host" if level else text
 
 
 def header(env: dict) -> Text:
@@ -66,7 +65,7 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
     named = collective if not modelled else f"{collective} · algorithm {algo}"
     caption = list(notes) + ([model_note(first)] if modelled else [])
     key = ranks_key(first)
-    ranks = ranks_label(key) + (f" of {first['world_size']}" if key != (first["world_size"], 1) else "")
+    ranks = ranks_label(key) + (f" of {first['world_size']}" if key != (first["world_size"], 1, "") else "")
     table = Table(title=f"{named} · {first['backend']} · {ranks} · "
                         f"time = {first['agg']} over ranks of the mean of {first['iters']} iterations",
                   caption="\n".join(caption) or None, caption_justify="left", header_style="bold")

@@ -1,0 +1,169 @@
+"""Hosts of our own (tools/fabric: network namespaces on one bridge, each link rate-shaped) and commprof
+across them under each launcher: torchrun with c10d rendezvous, mpiexec whose hydra starts its proxies
+through the fabric, and srun's variables set by hand. What the profiler measures is held to the link's
+rate. Skips, with the reason, where this is not root or `ip`, `tc` or `unshare` is missing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spawn import _run, env_for_tests
+
+ROOT = Path(__file__).resolve().parents[1]
+FABRIC = str(ROOT / "tools" / "fabric")
+RATE, RATE_GBPS = "200mbit", 0.025
+HOSTS = ("cpf-h0", "cpf-h1")
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")),
+    reason="tools/fabric needs root, ip, tc and unshare")
+
+
+def fabric(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([FABRIC, *args], capture_output=True, text=True, timeout=120)
+    assert not check or proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    fabric("up", str(len(HOSTS)), "--rate", RATE)
+    try:
+        yield [tuple(line.split()) for line in fabric("hosts").stdout.splitlines()]
+    finally:
+        fabric("down")
+
+
+def on_hosts(commands: list[tuple[str, list[str], dict]], timeout: float = 180) -> subprocess.CompletedProcess:
+    """Each (host, argv, extra env) started at once inside its host; the worst exit code."""
+    return _run([([FABRIC, "exec", host, "--", *argv], env_for_tests(**extra)) for host, argv, extra in commands],
+                timeout)
+
+
+def bench_json(proc: subprocess.CompletedProcess, path: Path) -> dict:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(path.read_text())
+
+
+def check_bench(doc: dict, ranks_per_host: int = 1) -> None:
+    env = doc["env"]
+    assert env["hosts"] == list(HOSTS) and env["ranks_per_host"] == ranks_per_host
+    assert env["world_size"] == len(HOSTS) * ranks_per_host and not env["oversubscribed"]
+    big = [r for r in doc["results"] if r["nbytes"] == 4 << 20]
+    assert big and all(r["wrong"] == 0 for r in doc["results"])
+    # 2 ranks, one per host: each sends S per all_reduce over its link; TCP/IP headers take ~4%
+    for r in big:
+        assert r["busbw_GBps"] == pytest.approx(RATE_GBPS, rel=0.15), r
+    # the α–β fit of the sendrecv sweep (run first for --algo) recovers the link's rate
+    fits = {json.dumps(r["alpha_beta"], sort_keys=True) for r in doc["results"] if r.get("alpha_beta")}
+    assert len(fits) == 1, fits
+    fit = json.loads(fits.pop())
+    assert fit["bandwidth_GBps"] == pytest.approx(RATE_GBPS, rel=0.10), fit
+
+
+BENCH = ["-m", "commprof", "bench", "all_reduce", "--algo", "library,ring", "-b", "64K", "-e", "4M", "-f", "4",
+         "-n", "3", "-w", "1"]
+
+
+def test_hosts_have_names_addresses_and_no_way_out(hosts):
+    assert hosts == [("cpf-h0", "10.231.7.1"), ("cpf-h1", "10.231.7.2")]
+    out = fabric("exec", "cpf-h1", "--", "sh", "-c", "hostname; getent hosts cpf-h0; ip route").stdout.splitlines()
+    assert out[0] == "cpf-h1" and out[1].split() == ["10.231.7.1", "cpf-h0"]
+    assert out[2:] == [r for r in out[2:] if r.startswith("10.231.7.0/24")] and out[2:], out  # no default route
+    assert "cpf-h" not in subprocess.run(["hostname"], capture_output=True, text=True).stdout  # ours untouched
+
+
+def torchrun(nproc_per_host: int, port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(HOSTS)), "--nproc-per-node",
+            str(nproc_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"cpf-h0:{port}", "--rdzv-id", "t"]
+
+
+def test_bench_across_hosts_under_torchrun_with_a_trace(hosts, tmp_path):
+    out = tmp_path / "b.json"
+    proc = on_hosts([(h, [*torchrun(1, 29411), *BENCH, "--backend", "gloo", "--json", str(out),
+                          "--trace", str(tmp_path / "trace")], {}) for h in HOSTS])
+    doc = bench_json(proc, out)
+    check_bench(doc)
+    assert doc["env"]["launcher"] == "torchrun"
+    # the hosts share one clock: the offset measured for the other host is ~0, within its bound
+    clocks = json.loads((tmp_path / "trace" / "trace.json").read_text())["otherData"]["clock_sync"]
+    other = next(r for r in clocks["ranks"] if r["host"] == "cpf-h1")
+    assert abs(other["measured_offset_ns"]) <= other["bound_ns"], other
+    assert other["applied_offset_ns"] == other["measured_offset_ns"]  # another host: its offset is applied
+
+
+def test_bench_across_hosts_under_mpiexec(hosts, tmp_path):
+    from commprof.launch import find_mpiexec
+
+    out = tmp_path / "b.json"
+    argv = [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS), "-n", "2",
+            "-ppn", "1", sys.executable, *BENCH, "--backend", "mpi", "--json", str(out)]
+    doc = bench_json(on_hosts([("cpf-h0", argv, {})]), out)
+    check_bench(doc)
+    assert doc["env"]["launcher"] == "mpiexec"
+
+
+def test_bench_across_hosts_with_srun_variables(hosts, tmp_path):
+    out = tmp_path / "b.json"
+    slurm = {"SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
+             "SLURM_JOB_NODELIST": "cpf-h[0-1]", "SLURM_JOB_ID": "4242"}
+    proc = on_hosts([(h, [sys.executable, *BENCH, "--backend", "gloo", "--json", str(out)],
+                      {**slurm, "SLURM_PROCID": str(i)}) for i, h in enumerate(HOSTS)])
+    doc = bench_json(proc, out)
+    check_bench(doc)
+    assert doc["env"]["launcher"] == "srun"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "pipeline-1f1b"])
+def test_run_across_two_hosts_of_two_ranks(hosts, tmp_path, strategy):
+    out = tmp_path / "r.json"
+    argv = [*torchrun(2, 29412), "-m", "commprof", "run", "--strategy", strategy, "--model", "mnist-cnn",
+            "--steps", "3", "--warmup", "1", "--batch-size", "8", "--eval-samples", "0", "--json", str(out)]
+    proc = on_hosts([(h, argv, {}) for h in HOSTS])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["env"]["hosts"] == list(HOSTS) and doc["env"]["ranks_per_host"] == 2
+    assert doc["env"]["world_size"] == 4 and not doc["env"]["oversubscribed"]
+    for op, v in doc["volume"].items():
+        assert v["payload_bytes_per_step"] == v["predicted_payload_bytes_per_step"], op
+
+
+def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
+    out = tmp_path / "b.json"
+    argv = [*torchrun(2, 29413), "-m", "commprof", "bench", "all_reduce", "--groups", "intra,inter", "-b", "4M",
+            "-e", "4M", "-n", "3", "-w", "1", "--backend", "gloo", "--json", str(out)]
+    doc = bench_json(on_hosts([(h, argv, {}) for h in HOSTS]), out)
+    by_level = {r["level"]: r for r in doc["results"] if r["inplace"]}
+    intra, inter = by_level["intra"], by_level["inter"]
+    assert (intra["group_size"], intra["groups"], inter["group_size"], inter["groups"]) == (2, 2, 2, 2)
+    assert all(r["wrong"] == 0 for r in doc["results"])
+    # two pairs cross the hosts at once: each gets half of every link; within a host nothing is shaped
+    for busbw in inter["group_busbw_GBps"]:
+        assert busbw == pytest.approx(RATE_GBPS / 2, rel=0.2), inter
+    assert min(intra["group_busbw_GBps"]) > 4 * RATE_GBPS, intra
+
+
+@pytest.mark.parametrize("args, words", [
+    (("up", "0"), "up 0: give 1 to 200 hosts"),
+    (("up", "2", "--rate", "fast"), "--rate 'fast': give tc units"),
+    (("exec", "cpf-h9", "--", "true"), "no host 'cpf-h9'"),
+    (("exec", "cpf-h0"), "give a command"),
+])
+def test_bad_input_is_one_line_exit_2(hosts, args, words):
+    proc = fabric(*args, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("fabric: error: ") and words in proc.stderr, proc.stderr
+
+
+def test_without_root_it_says_so(tmp_path):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is missing")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, FABRIC,
+                           "hosts"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == "fabric: error: fabric needs root (network namespaces, veth " \
+        "links, tc)\n", proc.stderr

@@ -2,8 +2,10 @@
 shaped to RATE both ways), one rank on each, for each rate in turn:
 
 - `bench sendrecv all_reduce --algo library,ring` on gloo (torchrun, c10d rendezvous) and on MPI (hydra
-  starting its proxies through the fabric): the α–β fit of the sendrecv sweep (bandwidth 1/β, α) and the
-  library all_reduce's bus bandwidth at the largest size, each over the rate;
+  starting its proxies through the fabric): the α–β fit of the sendrecv sweep from 64 KiB up
+  (bandwidth 1/β), the 8-byte exchange's time next to the same with both ranks on one host (the latency:
+  with no added delay, the software's own), and the library all_reduce's bus bandwidth at the largest
+  size, each over the rate;
 - `run --strategy ddp --model mobilenet_v2` on gloo: comm time per step against the wire bytes per step
   over the rate (what the link alone would take).
 
@@ -50,23 +52,30 @@ def torchrun(port: int) -> list[str]:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"cpf-h0:{port}", "--rdzv-id", "link", "-m", "commprof"]
 
 
-def bench(backend: str, out: Path, max_bytes: str) -> dict:
-    args = ["bench", "sendrecv", "all_reduce", "--algo", "library,ring", "-b", "64K", "-e", max_bytes, "-f", "4",
+def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) -> dict:
+    args = ["bench", "sendrecv", "all_reduce", "--algo", "library,ring", "-b", "8", "-e", max_bytes, "-f", "4",
             "-n", "5", "-w", "2", "--backend", backend, "--json", str(out)]
-    if backend == "mpi":
+    if loopback:  # both ranks on one host: the software's own latency, no link in the way
+        on_hosts([("cpf-h0", [sys.executable, "-m", "commprof", *args, "--nproc", "2"])])
+    elif backend == "mpi":
         from commprof.launch import find_mpiexec
 
         on_hosts([("cpf-h0", [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS),
                               "-n", "2", "-ppn", "1", sys.executable, "-m", "commprof", *args])])
     else:
         on_hosts([(h, [*torchrun(29501), *args]) for h in HOSTS])
+    from commprof.bench.alphabeta import fit
+
     doc = json.loads(out.read_text())
-    fit = next(r["alpha_beta"] for r in doc["results"] if r.get("alpha_beta"))
+    p2p = {r["nbytes"]: r["time_us"] for r in doc["results"] if r["collective"] == "sendrecv"}
+    # bandwidth from 64 KiB up (below, the token bucket's 64 KiB burst passes at memory speed);
+    # the latency as the 8-byte exchange itself
+    line = fit([(n, us * 1e-6) for n, us in p2p.items() if n >= 64 << 10]).as_record()
     top = max(r["nbytes"] for r in doc["results"])
     busbw = max(r["busbw_GBps"] for r in doc["results"]
                 if r["collective"] == "all_reduce" and r["algo"] == "library" and r["nbytes"] == top)
-    return {"fit_bandwidth_GBps": fit["bandwidth_GBps"], "fit_alpha_us": fit["alpha_us"],
-            "all_reduce_busbw_GBps": busbw, "all_reduce_bytes": top}
+    return {"fit_bandwidth_GBps": line["bandwidth_GBps"], "fit_alpha_us": line["alpha_us"],
+            "latency_8B_us": p2p[min(p2p)], "all_reduce_busbw_GBps": busbw, "all_reduce_bytes": top}
 
 
 def ddp(out: Path) -> dict:
@@ -94,10 +103,14 @@ def main() -> int:
                     row[backend] = bench(backend, Path(tmp) / f"{rate}-{backend}.json", "16M")
                 row["ddp"] = ddp(Path(tmp) / f"{rate}-ddp.json")
                 row["ddp"]["link_ms"] = row["ddp"]["wire_bytes_per_step"] / (link * 1e9) * 1e3
+                for backend in ("gloo", "mpi"):
+                    row[backend]["loopback_8B_us"] = bench(backend, Path(tmp) / f"{rate}-{backend}-lo.json", "16M",
+                                                           loopback=True)["latency_8B_us"]
                 rows.append(row)
                 for backend in ("gloo", "mpi"):
                     b = row[backend]
-                    print(f"{rate} {backend}: fit {b['fit_bandwidth_GBps'] / link:.3f} × rate, α {b['fit_alpha_us']:.0f} us,"
+                    print(f"{rate} {backend}: fit {b['fit_bandwidth_GBps'] / link:.3f} × rate, 8 B exchange "
+                          f"{b['latency_8B_us']:.0f} us (one host: {b['loopback_8B_us']:.0f} us),"
                           f" all_reduce busbw {b['all_reduce_busbw_GBps'] / link:.3f} × rate", flush=True)
                 d = row["ddp"]
                 print(f"{rate} ddp: comm {d['comm_ms']:.1f} ms, link alone {d['link_ms']:.1f} ms "

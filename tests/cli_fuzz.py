@@ -113,6 +113,7 @@ BENCH = (
     Flag(("--nproc",), INTS),
     Flag(("--group-sizes",), GROUPS),
     Flag(("--concurrent",), None),
+    Flag(("--groups",), names(["intra", "inter", "intra,inter", "inter,intra"], ("rack", "", ",", "intra,rack"))),
     Flag(("-b", "--minbytes"), SIZES),
     Flag(("-e", "--maxbytes"), SIZES),
     Flag(("-f", "--stepfactor"), FLOATS),

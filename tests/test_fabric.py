@@ -57,9 +57,11 @@ def check_bench(doc: dict, ranks_per_host: int = 1) -> None:
     big = [r for r in doc["results"] if r["nbytes"] == 4 << 20 and r["algo"] == "library"]
     assert big and all(r["wrong"] == 0 for r in doc["results"])
     # 2 ranks, one per host: each sends S per all_reduce (and per sendrecv) over its link, both ways at
-    # once; TCP/IP headers take ~4%
+    # once; TCP/IP headers take ~4%. The fastest iteration is the link's: MPI over TCP on two shared cores
+    # now and then takes 30-65 ms more for one 180 ms op, in runs of several, which no link explains
     for r in big:
-        assert r["busbw_GBps"] == pytest.approx(RATE_GBPS, rel=0.15), r
+        best_busbw = r["bus_factor"] * r["nbytes"] / (r["min_us"] * 1e3)
+        assert best_busbw == pytest.approx(RATE_GBPS, rel=0.15), r
     # the α–β fit of the sendrecv sweep (run first for --algo) recovers the link's rate
     fits = {json.dumps(r["alpha_beta"], sort_keys=True) for r in doc["results"] if r.get("alpha_beta")}
     assert len(fits) == 1, fits
@@ -68,7 +70,7 @@ def check_bench(doc: dict, ranks_per_host: int = 1) -> None:
 
 
 BENCH = ["-m", "commprof", "bench", "all_reduce", "--algo", "library,ring", "-b", "64K", "-e", "4M", "-f", "4",
-         "-n", "3", "-w", "1"]
+         "-n", "5", "-w", "1"]
 
 
 def test_hosts_have_names_addresses_and_no_way_out(hosts):
@@ -143,9 +145,11 @@ def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
     intra, inter = by_level["intra"], by_level["inter"]
     assert (intra["group_size"], intra["groups"], inter["group_size"], inter["groups"]) == (2, 2, 2, 2)
     assert all(r["wrong"] == 0 for r in doc["results"])
-    # two pairs cross the hosts at once: each gets half of every link; within a host nothing is shaped
-    for busbw in inter["group_busbw_GBps"]:
-        assert busbw == pytest.approx(RATE_GBPS / 2, rel=0.2), inter
+    # two pairs cross the hosts at once, both through each host's one link: the pair that ends last has
+    # waited for both pairs' bytes (half the link each, however TCP shared it on the way); within a host
+    # nothing is shaped
+    assert min(inter["group_busbw_GBps"]) == pytest.approx(RATE_GBPS / 2, rel=0.15), inter
+    assert max(inter["group_busbw_GBps"]) <= RATE_GBPS, inter
     assert min(intra["group_busbw_GBps"]) > 4 * RATE_GBPS, intra
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from commprof.errors import UsageError
@@ -110,6 +109,6 @@ def main(args: argparse.Namespace) -> int:
             runs.append({"label": Path(path).stem, "config": {}, "error": None, "result": doc})
     if args.markdown:
         print(compare.run_markdown(compare.run_rows(runs)), end="")
-        out = Console(file=open(os.devnull, "w"))  # the plots only
+        out = Console(quiet=True)  # the plots only
     compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out)
     return 0

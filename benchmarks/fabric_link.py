@@ -1,5 +1,5 @@
 """commprof held to a link of known speed: two hosts made by tools/fabric (network namespaces, each link
-shaped to RATE both ways), one rank on each, for each rate in turn:
+shaped to RATE both ways, each host pinned to a core of its own), one rank on each, for each rate in turn:
 
 - `bench sendrecv all_reduce --algo library,ring` on gloo (torchrun, c10d rendezvous) and on MPI (hydra
   starting its proxies through the fabric): the α–β fit of the sendrecv sweep from 64 KiB up
@@ -55,8 +55,9 @@ def torchrun(port: int) -> list[str]:
 def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) -> dict:
     args = ["bench", "sendrecv", "all_reduce", "--algo", "library,ring", "-b", "8", "-e", max_bytes, "-f", "4",
             "-n", "5", "-w", "2", "--backend", backend, "--json", str(out)]
-    if loopback:  # both ranks on one host: the software's own latency, no link in the way
-        on_hosts([("cpf-h0", [sys.executable, "-m", "commprof", *args, "--nproc", "2"])])
+    if loopback:  # both ranks on one host, on all the cores: the software's own latency, no link in the way
+        every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        on_hosts([("cpf-h0", ["taskset", "-c", every, sys.executable, "-m", "commprof", *args, "--nproc", "2"])])
     elif backend == "mpi":
         from commprof.launch import find_mpiexec
 
@@ -96,7 +97,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fabric-link-") as tmp:
         try:
             for rate in args.rates.split(","):
-                subprocess.run([FABRIC, "up", "2", "--rate", rate], check=True)
+                subprocess.run([FABRIC, "up", "2", "--rate", rate, "--pin"], check=True)
                 link = rate_GBps(rate)
                 row = {"rate": rate, "rate_GBps": link}
                 for backend in ("gloo", "mpi"):

@@ -172,3 +172,18 @@ def test_without_root_it_says_so(tmp_path):
                            "hosts"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr == "fabric: error: fabric needs root (network namespaces, veth " \
         "links, tc)\n", proc.stderr
+
+
+def test_pinned_hosts_run_on_cores_of_their_own(hosts):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < len(HOSTS):
+        pytest.skip(f"--pin needs a core per host: {len(cores)} core(s)")
+    try:
+        fabric("up", str(len(HOSTS)), "--rate", RATE, "--pin")
+        seen = [fabric("exec", h, "--", "sh", "-c", "taskset -pc $$").stdout.split(":")[-1].strip() for h in HOSTS]
+        share = len(cores) // len(HOSTS)
+        assert seen == [",".join(map(str, cores[i * share:(i + 1) * share])) for i in range(len(HOSTS))], seen
+        proc = fabric("up", str(len(cores) + 1), "--pin", check=False)
+        assert proc.returncode == 2 and f"--pin gives each host cores of its own: {len(cores) + 1} hosts" in proc.stderr
+    finally:
+        fabric("up", str(len(HOSTS)), "--rate", RATE)  # the module's hosts as they were

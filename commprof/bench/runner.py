@@ -3,10 +3,11 @@ every rank, gather the times on rank 0 and turn them into one record per mode (o
 
 A sweep runs on one layout of the job's ranks: all of them (the default), the first k while the others
 wait (--group-sizes k), every disjoint group of k at once (--concurrent), or the levels of the hosts
-(--groups intra,inter: each host's ranks, all hosts at once; then one rank of each host per group). Ranks outside every group
-pass each point's world barriers with the members (one before each timed loop, one after the last), idle
-ones that sleep rather than spin, so nobody waits longer than one point, the waiting ranks leave their
-cores to the measuring ones, and concurrent groups start each timed loop together.
+(--groups intra,inter: each host's ranks, all hosts at once; then one rank of each host per group).
+Ranks outside every group pass each point's world barriers with the members (one before each timed loop,
+one after the last), idle ones that sleep rather than spin, so nobody waits longer than one point, the
+waiting ranks leave their cores to the measuring ones, and concurrent groups start each timed loop
+together.
 
 Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py
 tests/test_bench_groups.py`.
@@ -25,9 +26,9 @@ from commprof.backends import unsupported
 from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import MODES, BenchConfig
-from commprof.errors import UsageError
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
+from commprof.errors import UsageError
 from commprof.profile.recorder import NAME, NBYTES
 from commprof.profile.stats import bandwidths, summarize
 
@@ -90,7 +91,8 @@ def layouts(cfg: BenchConfig, world_size: int, hosts: list[str] | None = None) -
         out = [level_layout(level, hosts) for level in cfg.levels]
         for layout in out:
             if cfg.root >= layout.size:
-                raise UsageError(f"--root {cfg.root} is outside 0..{layout.size - 1} of the {layout.level}-host groups")
+                raise UsageError(f"--root {cfg.root} is outside 0..{layout.size - 1} "
+                                 f"of the {layout.level}-host groups")
         return out
     if not cfg.group_sizes:
         return [Layout(world_size, (tuple(range(world_size)),), world_size)]

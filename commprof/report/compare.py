@@ -21,8 +21,8 @@ from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
                "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
-               "predicted_payload_bytes_per_step", "payload_bytes_per_epoch", "peak_mem_bytes", "final_loss", "steps_to_threshold",
-               "speedup", "efficiency", "baseline", "error")
+               "predicted_payload_bytes_per_step", "payload_bytes_per_epoch", "peak_mem_bytes", "final_loss",
+               "steps_to_threshold", "speedup", "efficiency", "baseline", "error")
 
 
 def run_row(run: dict) -> dict:

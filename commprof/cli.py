@@ -39,6 +39,7 @@ COMMANDS = {
     "profile": ("commprof.script.command", "profile an unchanged torch.distributed training script"),
     "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
     "report": ("commprof.report.command", "tables and plots of saved bench, run and grid results"),
+    "predict": ("commprof.predict.command", "step time at N ranks from a traced run and a fabric's α and β"),
 }
 """Each subcommand: the module whose `add_parser(subparsers, summary)` registers its flags, and its help line."""
 

@@ -4,7 +4,9 @@ of every rank. They open in Perfetto (ui.perfetto.dev) and chrome://tracing.
 Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clock:
   thread "training"      every range commprof pushes to NVTX (profile/annotate.py), same names, same
                          nesting, stamps taken inside the NVTX range — one span per NVTX range
-  thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight)
+  thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight); the
+                         thread's metadata names the group's members (global ranks): `commprof predict`
+                         matches each op across them
   counter "bytes in flight"  the sum of the payloads of this rank's ops in flight
   flows                  arrows joining the same collective (same group, op and sequence number) on
                          every rank, in group-rank order
@@ -125,9 +127,9 @@ class TraceRecorder:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
         with self._lock:
             if self.gpu is not None and comm.clock.kind == "cuda" and not entry[HOST]:
-                self.gpu.pending.append((("op", entry, comm.rank), entry[START], entry[END]))
+                self.gpu.pending.append((("op", entry, comm.rank, comm.members), entry[START], entry[END]))
             else:
-                self._buf.append(("op", entry, comm.rank, comm.clock))
+                self._buf.append(("op", entry, comm.rank, comm.clock, comm.members))
 
     # ---- formatting and writing -------------------------------------------------------------
     def _us(self, t_ns: int) -> float:
@@ -136,11 +138,12 @@ class TraceRecorder:
     def _emit(self, event: dict) -> None:
         self._f.write(json.dumps(event, separators=(",", ":")) + ",\n")
 
-    def _thread(self, name: str) -> int:
+    def _thread(self, name: str, members: list[int] | None = None) -> int:
         tid = self._threads.get(name)
         if tid is None:
             tid = self._threads[name] = 1_000_000 + len(self._threads)
-            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}})
+            args = {"name": name} if members is None else {"name": name, "members": list(members)}
+            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": args})
         return tid
 
     def flush(self, final: bool = False) -> None:
@@ -162,8 +165,8 @@ class TraceRecorder:
                 self._op_events(*item[1:], spans, out)
         for what, t0, t1 in streamed:
             if what[0] == "op":
-                _, entry, group_rank = what
-                tid = self._thread(f"stream: comm ({entry[GROUP]})")
+                _, entry, group_rank, members = what
+                tid = self._thread(f"stream: comm ({entry[GROUP]})", members)
                 self._op_span(entry, group_rank, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
             else:
                 label = what[1]
@@ -185,10 +188,11 @@ class TraceRecorder:
             hit = self._prefixes[label] = (head, tail)
         return hit
 
-    def _op_events(self, entry: tuple, group_rank: int, clock, spans: list, out: list) -> None:
+    def _op_events(self, entry: tuple, group_rank: int, clock, members: list[int], spans: list,
+                   out: list) -> None:
         if clock.kind == "cuda" and not entry[HOST]:
             return  # CUDA-event stamps, with no stream spans to place them on
-        self._op_span(entry, group_rank, self._thread(f"comm ({entry[GROUP]})"), self._us(entry[START]),
+        self._op_span(entry, group_rank, self._thread(f"comm ({entry[GROUP]})", members), self._us(entry[START]),
                       (entry[END] - entry[START]) / 1e3, spans, out)
 
     def _op_span(self, entry: tuple, group_rank: int, tid: int, ts: float, dur: float, spans: list,

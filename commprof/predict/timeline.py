@@ -1,0 +1,209 @@
+"""The measured iterations of a run, read back from its Chrome trace as one program per rank: time the
+training thread was busy, the points where it issued each op, and the points where it blocked on one.
+
+Every op is named the same on every member of its group — (members, op, k) for the k-th such collective,
+(members, sender, receiver, k) for the k-th message of a pipeline link — so a replay can join the ranks
+again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on;
+a blocking op blocks from its issue to the end of its own training-thread range.
+
+    commprof run --strategy ddp --nproc 2 --trace t/ --json r.json && commprof predict r.json --fabric …
+
+Exercised by: `pytest tests/test_predict.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from commprof.errors import UsageError
+from commprof.measurement import P2P
+
+SENDS, RECVS = "send", "recv"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op as one rank saw it."""
+
+    key: tuple
+    """The same on every rank taking part: which op of which group this is."""
+    name: str
+    """torch.distributed's name (isend logs as send)."""
+    label: str
+    """The group's label ("world", "dp", "pp0-1", …)."""
+    members: tuple[int, ...]
+    """The group's global ranks."""
+    nbytes: int
+    """Payload (nccl-tests' size: the whole vector for all_reduce, n × chunk for all_gather)."""
+    measured_ms: float
+    """Issue to completion, as measured."""
+
+
+@dataclass(frozen=True)
+class Program:
+    """One rank's measured iteration: ("busy", ms), ("issue", Op) and ("wait", Op, ms after completion)."""
+
+    rank: int
+    wall_ms: float
+    steps: tuple
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a prediction starts from."""
+
+    source: str
+    strategy: str
+    backend: str | None
+    """The backend it ran on (None: the trace alone does not say)."""
+    world_size: int
+    hosts: tuple[str, ...]
+    """Each rank's host."""
+    global_batch: int | None
+    """Samples per iteration (None: the trace alone does not say)."""
+    iterations: tuple[tuple[Program, ...], ...]
+    """Per measured iteration, every rank's program."""
+    measured_wall_ms: float
+    """Median over those iterations of the slowest rank's iteration."""
+
+
+def load(path: str) -> Measured:
+    """A run JSON that was run with --trace (or a `profile` JSON), or the trace itself (its trace.json or
+    folder); UsageError naming the file otherwise."""
+    p = Path(path)
+    doc = _json(p / "trace.json" if p.is_dir() else p, path)
+    if isinstance(doc, dict) and "traceEvents" in doc:
+        return from_trace(doc, path, strategy=p.name if p.is_dir() else p.parent.name, global_batch=None, backend=None)
+    if not (isinstance(doc, dict) and isinstance(doc.get("config"), dict) and "iterations" in doc):
+        raise UsageError(f"{path}: neither a run JSON nor a commprof trace")
+    traced = (doc["config"].get("out") or {}).get("trace")
+    if not traced:
+        raise UsageError(f"{path}: this run was not traced, so its ops' timing is not in it: "
+                         "rerun it with --trace DIR")
+    found = next((c for c in (Path(traced), p.parent / traced) if (c / "trace.json").is_file()), None)
+    if found is None:
+        raise UsageError(f"{path}: its trace {traced}/trace.json is not there (moved?): give the trace instead")
+    cfg = doc["config"]
+    strategy = cfg.get("strategy") or Path(cfg.get("script") or "script").name
+    return from_trace(_json(found / "trace.json", str(found)), path, strategy=strategy,
+                      global_batch=(doc.get("steps") or {}).get("global_batch"), backend=cfg.get("backend"))
+
+
+def _json(p: Path, shown: str):
+    try:
+        return json.loads(p.read_text())
+    except OSError as exc:
+        raise UsageError(f"{shown}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError:
+        raise UsageError(f"{shown}: not JSON, or cut short") from None
+
+
+def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | None, backend: str | None) -> Measured:
+    events = doc["traceEvents"]
+    by_rank: dict[int, list[dict]] = defaultdict(list)
+    for e in events:
+        by_rank[e.get("pid")].append(e)
+    ranks = sorted(r for r in by_rank if isinstance(r, int))
+    hosts = tuple(next((e["args"]["host"] for e in by_rank[r] if e.get("name") == "clock_sync"), "?")
+                  for r in ranks)
+    if ranks != list(range(len(ranks))) or not ranks:
+        raise UsageError(f"{source}: the trace lacks ranks (it holds {ranks}): was the run cut short?")
+    per_rank = [_rank_programs(by_rank[r], r, len(ranks), source) for r in ranks]
+    count = min(len(p) for p in per_rank)
+    if count == 0:
+        raise UsageError(f"{source}: the trace holds no measured iteration (raise --steps above --warmup)")
+    iterations = tuple(tuple(p[i] for p in per_rank) for i in range(count))
+    walls = sorted(max(p.wall_ms for p in it) for it in iterations)
+    return Measured(source=source, strategy=strategy, backend=backend, world_size=len(ranks), hosts=hosts,
+                    global_batch=global_batch, iterations=iterations, measured_wall_ms=walls[len(walls) // 2])
+
+
+def _rank_programs(events: list[dict], rank: int, world_size: int, source: str) -> list[Program]:
+    threads = {e["tid"]: e["args"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    training = next((t for t, a in threads.items() if a["name"] == "training"), None)
+    spans = sorted((e for e in events if e.get("ph") == "X" and e.get("tid") == training), key=lambda e: e["ts"])
+    measured = next((e for e in spans if e["name"] == "measured" and e.get("cat") == "iteration"), None)
+    iterations = [e for e in spans if e.get("cat") == "iteration" and e["name"] != "measured"
+                  and (measured is None or e["ts"] >= measured["ts"])]
+    ops = _ops(events, threads, rank, world_size, source)
+    blocking = [e for e in spans if e.get("cat") in ("comm", "bubble", "wait")]
+    programs = []
+    for it in iterations:
+        t0, t1 = it["ts"], it["ts"] + it["dur"]
+        mine = [(start, end, op) for start, end, op in ops if t0 <= start <= t1]
+        programs.append(_program(rank, t0, t1, mine, [e for e in blocking if t0 <= e["ts"] <= t1]))
+    return programs
+
+
+def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, Op]]:
+    """Every op of this rank (µs start, µs end, Op), keyed to match across ranks, in issue order."""
+    raw = []
+    for e in events:
+        args = threads.get(e.get("tid")) or {}
+        if e.get("ph") != "X" or e.get("cat") != "comm" or not args.get("name", "").startswith(("comm (", "stream: comm (")):
+            continue
+        label = args["name"].split("(", 1)[1].rstrip(")")
+        members = tuple(args.get("members") or (range(world_size) if e["args"]["group_size"] == world_size else ()))
+        if not members:
+            raise UsageError(f"{source}: group {label!r} has no member list (a trace of an older commprof): "
+                             "trace the run again")
+        name = e["name"].rsplit(" (", 1)[0]
+        raw.append((e["ts"], e["ts"] + e["dur"], name, label, members, e["args"]["bytes"]))
+    raw.sort()
+    counts: dict[tuple, int] = defaultdict(int)
+    out = []
+    for start, end, name, label, members, nbytes in raw:
+        if name in (SENDS, RECVS) and len(members) == 2:
+            peer = members[1] if members[0] == rank else members[0]
+            src, dst = (rank, peer) if name == SENDS else (peer, rank)
+            ident = (label, members, src, dst)
+        else:
+            ident = (label, members, name)
+        key = (*ident, counts[ident])
+        counts[ident] += 1
+        op = Op(key=key, name=name, label=label, members=members, nbytes=nbytes, measured_ms=(end - start) / 1e3)
+        out.append((start, end, op))
+    return out
+
+
+def _program(rank: int, t0: float, t1: float, ops: list, blocking: list[dict]) -> Program:
+    """Issue points, block intervals and the busy time between them, in µs from the iteration's start."""
+    points = []  # (µs, order, step): at one instant, issue before block
+    waits_for: dict[tuple, deque] = defaultdict(deque)  # (name, label) -> issued async ops, oldest first
+    used = set()
+    for start, end, op in ops:
+        points.append((start, 0, ("issue", op)))
+        own = next((b for b in blocking if b.get("cat") != "wait" and b["ts"] <= start <= b["ts"] + b["dur"]
+                    and end <= b["ts"] + b["dur"] + 1.0 and id(b) not in used), None)
+        if own is not None:  # blocking: the thread waits from the issue to the end of the op's range
+            used.add(id(own))
+            points.append((start, 1, ("block", op, end, own["ts"] + own["dur"])))
+        else:
+            waits_for[(op.name, op.label)].append((start, end, op))
+    for w in blocking:
+        if w.get("cat") != "wait":
+            continue
+        name, _, label = w["name"][len("wait "):].rpartition(" (")
+        queue = waits_for.get((name, label.rstrip(")")))
+        if queue and queue[0][0] <= w["ts"]:
+            _, end, op = queue.popleft()
+            points.append((w["ts"], 1, ("block", op, end, w["ts"] + w["dur"])))
+    points.sort(key=lambda p: (p[0], p[1]))
+    steps, t = [], t0
+    for at, _, step in points:
+        if at > t:
+            steps.append(("busy", (at - t) / 1e3))
+            t = at
+        if step[0] == "issue":
+            steps.append(step)
+            continue
+        _, op, end, resume = step
+        # after the op completed, the thread took (resume − completion) to go on: kept as is
+        steps.append(("wait", op, max(0.0, resume - max(end, t)) / 1e3))
+        t = max(t, resume)
+    if t1 > t:
+        steps.append(("busy", (t1 - t) / 1e3))
+    return Program(rank=rank, wall_ms=(t1 - t0) / 1e3, steps=tuple(steps))

@@ -1,0 +1,197 @@
+"""`commprof predict`: the fabric read from numbers or fitted from a bench JSON, the replay held to closed
+forms on iterations built by hand, real traced runs (ddp, fsdp, a data-parallel pipeline) replayed at N
+ranks, and bad input refused in one line. tests/test_predict_fabric.py holds the predictions to runs on
+3 and 4 hosts of a shaped link."""
+
+import json
+
+import pytest
+
+from commprof.bench.alphabeta import fit
+from commprof.errors import UsageError
+from commprof.predict import fabric as fabrics
+from commprof.predict import replay, timeline
+from commprof.predict.timeline import Op, Program
+from spawn import commprof
+
+WORLD = (0, 1)
+
+
+def op(key: int, name: str = "all_reduce", nbytes: int = 1000, members=WORLD, label: str = "world") -> Op:
+    return Op(key=(label, members, name, key), name=name, label=label, members=members, nbytes=nbytes,
+              measured_ms=0.0)
+
+
+# ---- the fabric ---------------------------------------------------------------------------------
+def test_fabric_numbers_per_level():
+    f = fabrics.parse("intra=450GB/s,3us; inter=100Gbit/s,8.5us")
+    assert f.intra.alpha_s == pytest.approx(3e-6) and f.intra.beta_s_per_byte == pytest.approx(1 / 450e9)
+    assert f.inter.alpha_s == pytest.approx(8.5e-6) and f.inter.beta_s_per_byte == pytest.approx(8 / 100e9)
+    only = fabrics.parse("inter=50MB/s,1ms")
+    assert only.intra is None and only.inter.alpha_s == pytest.approx(1e-3)
+    with pytest.raises(UsageError, match="no intra-host level"):
+        only.level("intra", "--fabric")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("intra=fast,3us", "cannot read rate"), ("intra=450GB/s", "give a rate and a latency"),
+    ("wan=1GB/s,1us", "cannot read 'wan=1GB/s,1us'"), ("intra=1GB/s,3 parsecs", "cannot read latency"),
+    ("intra=1GB/s,1us;intra=2GB/s,1us", "twice"), (";", "names no level"), ("missing.json", "cannot read it")])
+def test_fabric_that_does_not_parse(spec, words):
+    with pytest.raises(UsageError, match=words):
+        fabrics.parse(spec)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """Real runs with --trace, and a bench sweep of sendrecv, all on this host."""
+    tmp = tmp_path_factory.mktemp("traced")
+    jobs = {"ddp": ("--strategy", "ddp", "--nproc", "2"), "fsdp": ("--strategy", "fsdp", "--nproc", "2"),
+            "pipeline": ("--strategy", "pipeline-1f1b", "--nproc", "4", "--dp", "2"),
+            "single": ("--strategy", "single", "--nproc", "1")}
+    for name, args in jobs.items():
+        proc = commprof("run", *args, "--steps", "4", "--warmup", "1", "--batch-size", "8", "--samples", "256",
+                        "--eval-samples", "0", "--json", str(tmp / f"{name}.json"), "--trace", str(tmp / name))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = commprof("bench", "sendrecv", "-b", "1K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "--nproc", "2",
+                    "--json", str(tmp / "bench.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp
+
+
+def test_fabric_fitted_from_a_bench_json(traced):
+    doc = json.loads((traced / "bench.json").read_text())
+    f = fabrics.parse(str(traced / "bench.json"))
+    # one host: the sweep is the intra-host level, fitted as bench --algo fits it
+    model = fit([(r["nbytes"], r["time_us"] * 1e-6) for r in doc["results"]])
+    assert f.inter is None
+    assert (f.intra.alpha_s, f.intra.beta_s_per_byte) == (model.alpha_s, model.beta_s_per_byte)
+
+
+# ---- the replay, on iterations built by hand --------------------------------------------------------
+def test_an_op_starts_when_the_last_member_issues_it():
+    a = op(0)
+    programs = (Program(0, 0, (("busy", 1.0), ("issue", a), ("busy", 2.0), ("wait", a, 0.5))),
+                Program(1, 0, (("busy", 3.0), ("issue", a), ("wait", a, 0.0))))
+    step, (busy, comm, exposed) = replay.replay(programs, lambda o: 5.0)
+    # done at max(1, 3) + 5 = 8; rank 0 blocks 8 − 3 and resumes 0.5 later
+    assert step == pytest.approx(8.5) and busy == pytest.approx(3.5) and exposed == pytest.approx(5.0)
+    assert comm == pytest.approx(7.0)  # issued at 1, done at 8
+
+
+def test_ops_of_one_group_run_one_after_another_and_overlap_compute():
+    a, b = op(0), op(1)
+    prog = (("issue", a), ("issue", b), ("busy", 4.0), ("wait", a, 0.0), ("wait", b, 0.0))
+    step, (busy, comm, exposed) = replay.replay((Program(0, 0, prog), Program(1, 0, prog)), lambda o: 3.0)
+    assert step == pytest.approx(6.0) and exposed == pytest.approx(2.0) and comm == pytest.approx(6.0)
+    # a different group runs beside it
+    c = op(0, members=WORLD, label="other")
+    prog = (("issue", a), ("issue", c), ("busy", 1.0), ("wait", a, 0.0), ("wait", c, 0.0))
+    assert replay.replay((Program(0, 0, prog), Program(1, 0, prog)), lambda o: 3.0)[0] == pytest.approx(3.0)
+
+
+def test_a_message_arrives_after_its_send_is_issued():
+    link = ("pp0-1", WORLD, 0, 1, 0)
+    send = Op(key=link, name="send", label="pp0-1", members=WORLD, nbytes=10, measured_ms=0)
+    recv = Op(key=link, name="recv", label="pp0-1", members=WORLD, nbytes=10, measured_ms=0)
+    programs = (Program(0, 0, (("busy", 2.0), ("issue", send), ("wait", send, 0.0))),
+                Program(1, 0, (("issue", recv), ("wait", recv, 0.0), ("busy", 1.0))))
+    step, (_, _, exposed) = replay.replay(programs, lambda o: 0.5)
+    assert step == pytest.approx(3.5) and exposed == pytest.approx(2.5)
+
+
+def test_ops_that_never_match_are_named():
+    programs = (Program(0, 0, (("issue", op(0)), ("wait", op(0), 0.0))), Program(1, 0, (("busy", 1.0),)))
+    with pytest.raises(UsageError, match="do not match across ranks"):
+        replay.replay(programs, lambda o: 1.0)
+
+
+def test_costs_are_the_algorithms_on_the_slowest_level_the_group_spans():
+    f = fabrics.parse("intra=100GB/s,2us;inter=10GB/s,10us")
+    algos = replay.algorithms("nccl")
+    ring = op(0, nbytes=1 << 20, members=tuple(range(8)))
+    one_host = replay._cost_s(ring, tuple(range(8)), f, 8, algos, "--fabric")
+    assert one_host == pytest.approx(2 * 7 * (2e-6 + (1 << 20) / 8 / 100e9))
+    two_hosts = replay._cost_s(ring, tuple(range(16)), f, 8, algos, "--fabric")
+    assert two_hosts == pytest.approx(2 * 15 * (10e-6 + (1 << 20) / 16 / 10e9))
+    # gloo's reduce_scatter costs an all_reduce of its size; elsewhere, a ring reduce_scatter
+    rs = op(0, "reduce_scatter", 1 << 20, tuple(range(8)))
+    assert replay._cost_s(rs, rs.members, f, 8, replay.algorithms("gloo"), "") == pytest.approx(one_host)
+    assert replay._cost_s(rs, rs.members, f, 8, algos, "") == pytest.approx(7 * (2e-6 + (1 << 20) / 8 / 100e9))
+    # an all_to_all across hosts: each host's link carries all its members' bytes
+    a2a = op(0, "all_to_all", 1 << 20, tuple(range(4)))
+    assert replay._cost_s(a2a, a2a.members, f, 2, algos, "") == pytest.approx(3 * (10e-6 + 2 * (1 << 20) / 4 / 10e9))
+
+
+def test_data_parallel_groups_grow_and_model_parallel_ones_keep_their_size():
+    dp = op(0, members=(1, 3), label="dp")
+    assert replay._members_at(dp, 4, 16) == (1, 3, 5, 7, 9, 11, 13, 15)
+    world = op(0, members=(0, 1))
+    assert replay._members_at(world, 2, 6) == tuple(range(6))
+    link = op(0, "send", members=(2, 3), label="pp0-1")
+    assert replay._members_at(link, 4, 16) == (2, 3)
+
+
+# ---- real traced runs ------------------------------------------------------------------------------
+def test_a_traced_iteration_accounts_for_its_whole_wall_time(traced):
+    for name in ("ddp", "fsdp", "pipeline"):
+        m = timeline.load(str(traced / f"{name}.json"))
+        assert (m.strategy in name or name in m.strategy) and m.backend == "gloo"
+        for it in m.iterations:
+            for prog in it:
+                issued = [s[1].key for s in prog.steps if s[0] == "issue"]
+                waited = [s[1].key for s in prog.steps if s[0] == "wait"]
+                assert issued and sorted(waited) == sorted(issued), (name, prog.rank)  # every op is waited once
+                # busy time and the blocked spans partition the iteration: free comm gives back busy time
+                busy = sum(s[1] for s in prog.steps if s[0] == "busy") + sum(s[2] for s in prog.steps if s[0] == "wait")
+                assert busy <= prog.wall_ms + 1e-6
+        free = replay.replay(m.iterations[0], lambda o: 0.0)
+        assert free[0] <= max(p.wall_ms for p in m.iterations[0]) + 1e-6
+
+
+def test_predict_over_real_runs(traced, tmp_path):
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    runs = [str(traced / f"{n}.json") for n in ("ddp", "fsdp", "pipeline")]
+    proc = commprof("predict", *runs, "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us", "--ranks-per-host", "4",
+                    "--json", str(out), "--plot", str(png), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert png.stat().st_size > 10_000
+    doc = json.loads(out.read_text())
+    assert [r["strategy"] for r in doc["inputs"]] == ["ddp", "fsdp", "pipeline-1f1b"]
+    assert doc["inputs"][0]["algorithms"]["reduce_scatter"] == ["all_reduce", "ring"]  # gloo
+    for row in doc["inputs"]:
+        preds = row["predictions"]
+        assert [p["ranks"] for p in preds] == [2 ** k for k in range(1, 11)]  # pipeline: replicas of 2 ranks
+        batch = json.loads(open(row["source"]).read())["steps"]["global_batch"]
+        for p in preds:
+            assert p["busy_ms"] <= p["step_ms"] and p["exposed_comm_ms"] <= p["comm_ms"] + 1e-9
+            assert p["throughput"] == pytest.approx(batch * p["ranks"] / row["world_size"] / p["step_ms"] * 1e3)
+            assert p["hosts"] == -(-p["ranks"] // 4)
+        # beyond one host the ring's slowest step is the inter-host link's, and it grows with N
+        beyond = [p["comm_ms"] for p in preds if p["ranks"] > 4]
+        assert beyond[-1] > beyond[0] and preds[-1]["efficiency"] < preds[0]["efficiency"]
+    # a free fabric: every op costs ~nothing, so the step is the busy time (efficiency 1)
+    proc = commprof("predict", runs[0], "--fabric", "intra=1000000000TB/s,0us", "--ranks", "2,4", "--ranks-per-host", "8",
+                    "--json", str(out), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert all(p["efficiency"] == pytest.approx(1.0, abs=1e-6) for p in json.loads(out.read_text())["inputs"][0]["predictions"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (("bench.json",), "neither a run JSON nor a commprof trace"),
+    (("single.json",), "no op of a data-parallel group"),
+    (("ddp.json", "--ranks", "2,x"), "cannot read --ranks"),
+    (("ddp.json", "--fabric-extra"), "unrecognized arguments"),
+    (("untraced.json",), "not traced"),
+    (("nowhere.json",), "cannot read it"),
+    (("ddp.json", "--ranks-per-host", "0"), "give 1 or more"),
+])
+def test_bad_input_is_one_line_exit_2(traced, args, words):
+    untraced = json.loads((traced / "ddp.json").read_text())
+    untraced["config"]["out"]["trace"] = None
+    (traced / "untraced.json").write_text(json.dumps(untraced))
+    argv = [str(traced / a) if a.endswith(".json") else a for a in args]
+    proc = commprof("predict", *argv, "--fabric", "intra=1GB/s,1us", timeout=60)
+    assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    proc = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=1GB/s", timeout=60)
+    assert proc.returncode == 2 and "give a rate and a latency" in proc.stderr

@@ -1,0 +1,63 @@
+"""`commprof predict` against runs it did not see: four fabric hosts (tools/fabric, every link shaped to
+100 Mbit/s), one rank on each. The link's α and β come from `bench sendrecv` on two hosts and the measured
+iteration from `run --trace` on two hosts; the step predicted for three and four hosts must be within 15%
+of the step measured there. Skips where this is not root or `ip`, `tc` or `unshare` is missing.
+
+The model keeps compute a few percent of a step: on two cores, three or four ranks share cores (host i
+runs on core i mod cores), which slows the compute the prediction keeps as measured on two hosts."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from commprof.predict import timeline
+from spawn import commprof
+from test_fabric import FABRIC, fabric, on_hosts, pytestmark  # noqa: F401  (the same skip)
+
+RATE = "100mbit"
+RUN = ("--model", "squeezenet1_0", "--batch-size", "4", "--steps", "8", "--warmup", "2", "--eval-samples", "0")
+
+
+@pytest.fixture(scope="module")
+def link(tmp_path_factory):
+    """Four hosts up, and the bench sweep of two of them that --fabric fits α and β to."""
+    fabric("up", "4", "--rate", RATE)
+    try:
+        bench = tmp_path_factory.mktemp("link") / "bench.json"
+        on_k_hosts(2, ["bench", "sendrecv", "-b", "64K", "-e", "4M", "-f", "4", "-n", "5", "-w", "2", "--backend",
+                       "gloo", "--json", str(bench)], 29821)
+        yield bench
+    finally:
+        fabric("down")
+
+
+def on_k_hosts(k: int, argv: list[str], port: int):
+    cores = sorted(os.sched_getaffinity(0))
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(k), "--nproc-per-node", "1",
+              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"cpf-h0:{port}", "--rdzv-id", f"p{port}", "-m", "commprof"]
+    proc = on_hosts([(f"cpf-h{i}", ["taskset", "-c", str(cores[i % len(cores)]), *launch, *argv], {})
+                     for i in range(k)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("strategy, port", [("ddp", 29830), ("fsdp", 29840)])
+def test_fit_on_two_hosts_predict_three_and_four(link, tmp_path, strategy, port):
+    measured = {}
+    for k in (2, 3, 4):
+        out = tmp_path / f"{k}.json"
+        on_k_hosts(k, ["run", "--strategy", strategy, *RUN, "--json", str(out), "--trace", str(tmp_path / str(k))],
+                   port + k)
+        measured[k] = timeline.load(str(out)).measured_wall_ms
+    proc = commprof("predict", str(tmp_path / "2.json"), "--fabric", str(link), "--ranks", "2,3,4",
+                    "--json", str(tmp_path / "p.json"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["fabric"]["intra"] is None and doc["fabric"]["inter"]["bandwidth_GBps"] > 0  # one rank a host
+    predicted = {p["ranks"]: p["step_ms"] for p in doc["inputs"][0]["predictions"]}
+    print(strategy, {k: f"{predicted[k]:.0f}/{measured[k]:.0f} ms" for k in (2, 3, 4)})
+    for k in (2, 3, 4):
+        assert predicted[k] == pytest.approx(measured[k], rel=0.15), (k, predicted, measured)
+    # three and four hosts: each rank's ring moves 2(n−1)/n of the gradients, so the steps grow
+    assert predicted[2] < predicted[3] < predicted[4]

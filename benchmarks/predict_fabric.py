@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC = str(ROOT / "tools" / "fabric")
 STRATEGIES = ("ddp", "fsdp")
-RUN = ("--model", "squeezenet1_0", "--batch-size", "4", "--steps", "8", "--warmup", "2", "--eval-samples", "0")
+RUN = ("--model", "squeezenet1_0", "--batch-size", "4", "--steps", "12", "--warmup", "2", "--eval-samples", "0")
 
 
 def on_hosts(k: int, argv: list[str], port: int) -> None:
@@ -55,7 +55,7 @@ def one_rate(rate: str, tmp: Path, plot: Path | None) -> dict:
     subprocess.run([FABRIC, "up", "4", "--rate", rate], check=True)
     try:
         bench = tmp / f"{rate}-bench.json"
-        on_hosts(2, ["bench", "sendrecv", "-b", "64K", "-e", "4M", "-f", "4", "-n", "5", "-w", "2", "--backend", "gloo",
+        on_hosts(2, ["bench", "sendrecv", "-b", "256K", "-e", "4M", "-f", "4", "-n", "8", "-w", "2", "--backend", "gloo",
                      "--json", str(bench)], 29801)
         measured = {}
         for s in STRATEGIES:
@@ -69,8 +69,8 @@ def one_rate(rate: str, tmp: Path, plot: Path | None) -> dict:
     finally:
         subprocess.run([FABRIC, "down"], check=False)
     doc = predicted([tmp / f"{rate}-{s}-2.json" for s in STRATEGIES], bench, "2,3,4", tmp / f"{rate}-p.json")
-    wide = predicted([tmp / f"{rate}-{s}-2.json" for s in STRATEGIES], bench, ",".join(str(2 ** i) for i in range(1, 11)),
-                     tmp / f"{rate}-wide.json", plot)
+    wide = predicted([tmp / f"{rate}-{s}-2.json" for s in STRATEGIES], bench,
+                     ",".join(str(2 ** i) for i in range(1, 11)), tmp / f"{rate}-wide.json", plot)
     rows = []
     for s, row, far in zip(STRATEGIES, doc["inputs"], wide["inputs"]):
         for p in row["predictions"]:
@@ -78,10 +78,11 @@ def one_rate(rate: str, tmp: Path, plot: Path | None) -> dict:
             rows.append({"strategy": s, "ranks": p["ranks"], "predicted_step_ms": p["step_ms"],
                          "measured_step_ms": got["step_ms"], "ratio": p["step_ms"] / got["step_ms"],
                          "predicted_busy_ms": p["busy_ms"], "measured_busy_ms": got["busy_ms"]})
-            print(f"{rate} {s} at {p['ranks']} hosts: predicted {p['step_ms']:.1f} ms, measured {got['step_ms']:.1f} ms "
-                  f"({rows[-1]['ratio']:.3f}); busy {got['busy_ms']:.1f} ms measured, {p['busy_ms']:.1f} kept", flush=True)
-        rows.extend({"strategy": s, "ranks": p["ranks"], "predicted_step_ms": p["step_ms"], "efficiency": p["efficiency"],
-                     "far": True} for p in far["predictions"])
+            print(f"{rate} {s} at {p['ranks']} hosts: predicted {p['step_ms']:.1f} ms, measured "
+                  f"{got['step_ms']:.1f} ms ({rows[-1]['ratio']:.3f}); busy {got['busy_ms']:.1f} ms measured, "
+                  f"{p['busy_ms']:.1f} kept", flush=True)
+        rows.extend({"strategy": s, "ranks": p["ranks"], "predicted_step_ms": p["step_ms"],
+                     "efficiency": p["efficiency"], "far": True} for p in far["predictions"])
     return {"rate": rate, "fabric": doc["fabric"], "rows": rows}
 
 

@@ -19,7 +19,7 @@ LAYERS = (
     ("parallel",),
     ("strategies", "kernels"),
     ("launch", "lifecycle"),
-    ("bench", "run", "script"),
+    ("bench", "run", "script", "predict"),
     ("cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own

@@ -170,11 +170,19 @@ def test_predict_over_real_runs(traced, tmp_path):
         # beyond one host the ring's slowest step is the inter-host link's, and it grows with N
         beyond = [p["comm_ms"] for p in preds if p["ranks"] > 4]
         assert beyond[-1] > beyond[0] and preds[-1]["efficiency"] < preds[0]["efficiency"]
-    # a free fabric: every op costs ~nothing, so the step is the busy time (efficiency 1)
-    proc = commprof("predict", runs[0], "--fabric", "intra=1000000000TB/s,0us", "--ranks", "2,4", "--ranks-per-host", "8",
-                    "--json", str(out), timeout=60)
+    # the trace folder alone: the same replay, without the run's batch to turn steps into samples
+    proc = commprof("predict", str(traced / "ddp"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
+                    "--ranks-per-host", "4", "--json", str(out), timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert all(p["efficiency"] == pytest.approx(1.0, abs=1e-6) for p in json.loads(out.read_text())["inputs"][0]["predictions"])
+    alone = json.loads(out.read_text())["inputs"][0]
+    assert alone["strategy"] == "ddp" and alone["backend"] is None
+    assert all(p["throughput"] is None for p in alone["predictions"])
+    # a free fabric: every op costs ~nothing, so the step is the busy time (efficiency 1)
+    proc = commprof("predict", runs[0], "--fabric", "intra=1000000000TB/s,0us", "--ranks", "2,4",
+                    "--ranks-per-host", "8", "--json", str(out), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    free = json.loads(out.read_text())["inputs"][0]["predictions"]
+    assert all(p["efficiency"] == pytest.approx(1.0, abs=1e-6) for p in free)
 
 
 @pytest.mark.parametrize("args, words", [

@@ -180,7 +180,8 @@ def replay(programs: tuple[Program, ...], cost_ms) -> tuple[float, tuple[float, 
         if all(pc[r] == len(p.steps) for r, p in enumerate(programs)):
             break
         if not moved:
-            stuck = [f"rank {r}: {programs[r].steps[pc[r]][1].key}" for r in range(ranks) if pc[r] < len(programs[r].steps)]
+            stuck = [f"rank {r}: {programs[r].steps[pc[r]][1].key}" for r in range(ranks)
+                     if pc[r] < len(programs[r].steps)]
             raise UsageError(f"the trace's ops do not match across ranks ({'; '.join(stuck[:3])})")
     spans: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
     for key in ops:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
-from commprof.measurement import P2P
 
 SENDS, RECVS = "send", "recv"
 
@@ -143,7 +142,8 @@ def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, 
     raw = []
     for e in events:
         args = threads.get(e.get("tid")) or {}
-        if e.get("ph") != "X" or e.get("cat") != "comm" or not args.get("name", "").startswith(("comm (", "stream: comm (")):
+        threaded = args.get("name", "").startswith(("comm (", "stream: comm ("))
+        if e.get("ph") != "X" or e.get("cat") != "comm" or not threaded:
             continue
         label = args["name"].split("(", 1)[1].rstrip(")")
         members = tuple(args.get("members") or (range(world_size) if e["args"]["group_size"] == world_size else ()))

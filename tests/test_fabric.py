@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from commprof.bench.alphabeta import fit
 from spawn import _run, env_for_tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +63,15 @@ def check_bench(doc: dict, ranks_per_host: int = 1) -> None:
     for r in big:
         best_busbw = r["bus_factor"] * r["nbytes"] / (r["min_us"] * 1e3)
         assert best_busbw == pytest.approx(RATE_GBPS, rel=0.15), r
-    # the α–β fit of the sendrecv sweep (run first for --algo) recovers the link's rate
+    # the sendrecv sweep (run first for --algo) gives the algorithms' rows one α–β fit …
     fits = {json.dumps(r["alpha_beta"], sort_keys=True) for r in doc["results"] if r.get("alpha_beta")}
     assert len(fits) == 1, fits
-    fit = json.loads(fits.pop())
-    assert fit["bandwidth_GBps"] == pytest.approx(RATE_GBPS, rel=0.10), fit
+    # … and the same fit of each size's median iteration recovers the link's rate. Not the mean over
+    # iterations, which bench fits: one of those slow MPI runs moves it (it once gave 0.88 of the rate); not
+    # the fastest iteration either: at 64 KiB, one that starts with tbf's bucket full passes at memory speed
+    p2p = [(r["nbytes"], r["p50_us"] * 1e-6) for r in doc["results"] if r["collective"] == "sendrecv"]
+    median = fit(p2p).as_record()
+    assert median["bandwidth_GBps"] == pytest.approx(RATE_GBPS, rel=0.10), median
 
 
 BENCH = ["-m", "commprof", "bench", "all_reduce", "--algo", "library,ring", "-b", "64K", "-e", "4M", "-f", "4",

@@ -40,7 +40,7 @@ class CudaClock:
 
 
 class OneRankComm:
-    rank, clock = 0, CudaClock()
+    rank, clock, members = 0, CudaClock(), [0]
 
 
 def recorder(tmp_path):

@@ -60,11 +60,12 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for path in args.inputs:
         m = timeline.load(path)
-        per_host = args.ranks_per_host or max(Counter(m.hosts).values())
+        measured_per_host = max(Counter(m.hosts).values())
+        per_host = args.ranks_per_host or measured_per_host
         counts = replay.rank_counts(m, wanted)
         if not counts:
             raise UsageError(f"{path}: none of --ranks holds whole replicas of its {m.world_size} ranks")
-        at_measured = replay.predict(m, m.world_size, fabric, max(Counter(m.hosts).values()))
+        at_measured = replay.predict(m, m.world_size, fabric, measured_per_host)
         rows.append({"source": path, "strategy": m.strategy, "backend": m.backend, "world_size": m.world_size,
                      "algorithms": replay.algorithms(m.backend),
                      "hosts": len(set(m.hosts)), "ranks_per_host": per_host,
@@ -73,8 +74,9 @@ def main(args: argparse.Namespace) -> int:
     doc = {"command": "predict", "fabric": fabric.as_record(), "inputs": rows}
     render(doc)
     if args.json:
-        from commprof.report.files import write_atomic
         import json
+
+        from commprof.report.files import write_atomic
 
         write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     if args.plot:

@@ -61,7 +61,8 @@ class Predicted:
 
 def rank_counts(measured: Measured, wanted: list[int]) -> list[int]:
     """The N of `wanted` that hold whole replicas (multiples of the model-parallel size)."""
-    return [n for n in wanted if n >= _model_size(measured) and n % _model_size(measured) == 0]
+    size = _model_size(measured)
+    return [n for n in wanted if n >= size and n % size == 0]
 
 
 def _model_size(m: Measured) -> int:
@@ -84,13 +85,13 @@ def algorithms(backend: str | None) -> dict[str, tuple[str, str]]:
 
 def predict(m: Measured, n: int, fabric: Fabric, ranks_per_host: int, flag: str = "--fabric") -> Predicted:
     algos = algorithms(m.backend)
+
     @lru_cache(maxsize=None)
     def cost_ms(op: Op) -> float:
         members = _members_at(op, m.world_size, n)
         return _cost_s(op, members, fabric, ranks_per_host, algos, flag) * 1e3
 
     rows = [replay(it, cost_ms) for it in m.iterations]
-    free = [replay(it, lambda op: 0.0) for it in m.iterations]
     step = _median([r[0] for r in rows])
     slowest = [r[1] for r in rows]
     pick = sorted(range(len(rows)), key=lambda i: rows[i][0])[len(rows) // 2]
@@ -98,7 +99,13 @@ def predict(m: Measured, n: int, fabric: Fabric, ranks_per_host: int, flag: str 
     batch = None if m.global_batch is None else m.global_batch * n / m.world_size
     return Predicted(ranks=n, hosts=math.ceil(n / ranks_per_host), step_ms=step, busy_ms=busy, comm_ms=comm,
                      exposed_comm_ms=exposed, throughput=None if batch is None else batch / (step / 1e3),
-                     efficiency=_median([r[0] for r in free]) / step if step else 1.0)
+                     efficiency=_free_step_ms(m) / step if step else 1.0)
+
+
+@lru_cache(maxsize=16)
+def _free_step_ms(m: Measured) -> float:
+    """The step with every op free: the same at every N, so replayed once per measured run."""
+    return _median([replay(it, lambda op: 0.0)[0] for it in m.iterations])
 
 
 def _median(values: list[float]) -> float:

@@ -1,8 +1,9 @@
 """What `commprof profile` costs a real training step: PyTorch's own DistributedDataParallel on ResNet-18
 (torchvision, CIFAR-10-sized synthetic batches of 32 per rank, SGD), 2 gloo ranks, the whole step as the
 script times it — unprofiled (ranks started with torchrun's variables) against `commprof profile` (every
-bucket through Comm's comm hook, BatchNorm's buffers through Comm, module/optimizer/autograd hooks, NVTX),
-and against `commprof profile --no-ddp-hook` (the buckets left to DDP's C++ path, the rest as before).
+bucket through Comm by the reducer's own process group, BatchNorm's buffers through Comm, module/optimizer/
+autograd hooks, NVTX), and against `commprof profile --no-ddp-reducer` (the buckets left to DDP's C++ path,
+the rest as before).
 
 Rounds alternate which goes first; each run's figure is the median of its steps after the warm-up; the
 ratio is profiled/unprofiled per round, and its median over rounds is the result.
@@ -62,7 +63,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-ARMS = {"plain": None, "profiled": [], "profiled --no-ddp-hook": ["--no-ddp-hook"]}
+ARMS = {"plain": None, "profiled": [], "profiled --no-ddp-reducer": ["--no-ddp-reducer"]}
 """Each arm: None for the unprofiled script, else the `commprof profile` flags it runs with."""
 
 

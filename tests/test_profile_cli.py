@@ -66,11 +66,12 @@ def _state(path):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("script,extra", [("ddp_train.py", ()), ("fsdp2_train.py", ())])
+@pytest.mark.parametrize("script,extra", [("ddp_train.py", ()), ("ddp_train.py", ("--hook",)),
+                                          ("ddp_train.py", ("--find-unused",)), ("fsdp2_train.py", ())])
 def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
     plain = tmp_path / "plain.pt"
-    proc = spawn([sys.executable, str(SCRIPTS / script), "--steps", "4", "--state", str(plain)], nproc=2,
-                 backend="gloo")
+    proc = spawn([sys.executable, str(SCRIPTS / script), "--steps", "4", "--state", str(plain), *extra],
+                 nproc=2, backend="gloo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     profiled = tmp_path / "profiled.pt"
     doc, proc = profile(tmp_path, "--nproc", "2", script=script,
@@ -79,12 +80,16 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
-    params = 4 * sum(v.numel() for k, v in a.items() if v.dtype == torch.float32 and "running" not in k)
+    tensors = [v for k, v in a.items() if v.dtype == torch.float32 and "running" not in k]
+    params = 4 * sum(v.numel() for v in tensors)
     if script == "ddp_train.py":
         info = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
         assert params == 4 * info["params"]
-        # every bucket through the comm hook; BatchNorm's buffers broadcast each forward, one flat per dtype
-        assert volume(doc) == {"all_reduce": (1, params), "broadcast": (2, 4 * 128 + 8)}
+        # every bucket through the reducer's routed group (or the script's own hook, interposed: once either
+        # way); with find_unused_parameters, the reducer's used-parameter map too (an int32 per parameter);
+        # BatchNorm's buffers broadcast each forward, one flat per dtype
+        reduced = (2, params + 4 * len(tensors)) if "--find-unused" in extra else (1, params)
+        assert volume(doc) == {"all_reduce": reduced, "broadcast": (2, 4 * 128 + 8)}
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}

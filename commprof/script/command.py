@@ -9,7 +9,7 @@ group, tables, JSON, Chrome trace and NVTX.
 The script runs as `python train.py` would (its own arguments, output and exit code; `__main__`), and
 initialises its process group itself (`init_process_group()` with env:// works under every launcher:
 commprof fills in the rendezvous). What is seen and what is not: commprof/comm/interpose.py and
-commprof/comm/ddp_hook.py; how iterations and phases are found: commprof/profile/hooks.py.
+commprof/comm/ddp_reducer.py; how iterations and phases are found: commprof/profile/hooks.py.
 Exercised by: `pytest tests/test_profile_cli.py`.
 """
 
@@ -47,9 +47,9 @@ class ProfileConfig:
     """Iterations per epoch, for volume per epoch; None: every iteration the script ran is the epoch."""
     global_batch: int | None
     """Samples per iteration across ranks, for throughput in samples/s; None: iterations/s only."""
-    ddp_hook: bool = True
-    """Route DistributedDataParallel's buckets through Comm by a comm hook (on CPU it costs one more pass
-    over the gradients: DDP's own path divides while copying them into the buckets)."""
+    ddp_reducer: bool = True
+    """Route DistributedDataParallel's reducer (its bucket all-reduces) through Comm, by the process group
+    it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
     out: Outputs = field(default_factory=Outputs)
     """--json, --trace and the command line."""
 
@@ -64,8 +64,8 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
     p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
-    p.add_argument("--ddp-hook", action=argparse.BooleanOptionalAction, default=True,
-                   help="DDP's buckets through Comm (default on; off: they stay unseen in C++)")
+    p.add_argument("--ddp-reducer", action=argparse.BooleanOptionalAction, default=True,
+                   help="DDP's bucket all-reduces through Comm (default on; off: they stay unseen in C++)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
     p.add_argument("--trace", metavar="DIR", help="Chrome traces: one per rank and DIR/trace.json")
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
@@ -92,7 +92,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
         rest = rest[1:]
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
-                         global_batch=args.global_batch, ddp_hook=args.ddp_hook,
+                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer,
                          out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace))
 
 

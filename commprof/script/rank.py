@@ -27,7 +27,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import job
 from commprof.backends import slots
-from commprof.comm import _rendezvous, ddp_hook, functional, interpose, join
+from commprof.comm import _rendezvous, ddp_reducer, functional, interpose, join
 from commprof.errors import CommprofError, UsageError
 from commprof.profile import hooks, trace
 from commprof.profile.clock import CpuClock
@@ -66,8 +66,8 @@ class Session:
         self.cfg, self.world = cfg, world
         self.recorder = OpRecorder(CpuClock())
         self.interposer = interpose.install(self.recorder)
-        if cfg.ddp_hook:
-            ddp_hook.install(self.interposer)
+        if cfg.ddp_reducer:
+            ddp_reducer.install(self.interposer)
         functional.install(self.interposer.unseen)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
         self.initialised = False
@@ -179,7 +179,7 @@ class Session:
     def close(self) -> None:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""
         hooks.uninstall()
-        ddp_hook.uninstall()
+        ddp_reducer.uninstall()
         functional.uninstall()
         dist.init_process_group, dist.destroy_process_group = self._saved
         interpose.uninstall()

@@ -6,8 +6,8 @@ through the same interposition `commprof profile` uses, beside the strategies wr
 
 The run's world Comm becomes the default group's Comm of commprof/comm/interpose.py, so every collective
 torch's code makes through `torch.distributed` — FSDP2's all-gathers and reduce-scatters, DDP's buffer
-broadcasts, and DDP's buckets through commprof/comm/ddp_hook.py's comm hook — lands in the same op log,
-timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end of backward, in C++: the
+broadcasts, and DDP's buckets through its reducer's own process group (commprof/comm/ddp_reducer.py) —
+lands in the same op log, timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end of backward, in C++: the
 backward phase ends where autograd did and the rest is exposed comm (profile/hooks.py, split_backward).
 
 `torch-ddp`: --bucket-mb is DDP's bucket_cap_mb; gradient accumulation uses `no_sync`; buffers are
@@ -29,7 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from commprof.comm import ddp_hook, interpose
+from commprof.comm import ddp_reducer, interpose
 from commprof.parallel.sizes import tensor_bytes
 from commprof.profile.hooks import split_backward
 from commprof.strategies.base import Strategy, trainable
@@ -42,7 +42,7 @@ class TorchDDP(Strategy):
     backends = ("gloo", "nccl")
 
     def setup(self) -> None:
-        ddp_hook.install(interpose.ensure(self.comm))
+        ddp_reducer.install(interpose.ensure(self.comm))
         self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=self.config.bucket_mb)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--bucket-mb", type=float, default=0.05)
 p.add_argument("--state", help="write the final parameters here (rank 0)")
+p.add_argument("--hook", action="store_true", help="register torch's own all-reduce comm hook")
+p.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
 args = p.parse_args()
 
 dist.init_process_group()
@@ -18,7 +20,11 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
                             torch.nn.Linear(64, 10))
-ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+ddp = DDP(model, bucket_cap_mb=args.bucket_mb, find_unused_parameters=args.find_unused)
+if args.hook:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 g = torch.Generator().manual_seed(1)
 for step in range(args.steps):

@@ -1,0 +1,154 @@
+"""What routing DistributedDataParallel's buckets through Comm costs a training step, measured in the same
+processes step by step: ResNet-18 (torchvision, CIFAR-10-sized synthetic batches of 32 per rank, SGD),
+2 gloo ranks, three DDPs over three copies of the same model, taking turns step by step:
+
+  plain      DDP as PyTorch builds it: the reducer's buckets in C++, unseen;
+  routed     DDP built while commprof/comm/ddp_reducer.py is installed (what `commprof profile` and
+             `run --strategy torch-ddp` do): the reducer's all-reduces through Comm, DDP's arithmetic;
+  hook       DDP with a comm hook that divides each bucket and all-reduces it through Comm — how commprof
+             routed the buckets before, and what a Python comm hook costs any script on CPU.
+
+Only the buckets' path differs (the buffer broadcasts take DDP's own path in every arm): each arm's step
+is timed whole, the arms rotate through every order, so each step shares its neighbours' moment of this
+noisy machine, which whole runs launched apart do not (benchmarks/ddp_profiled.py: ±15 % between rounds).
+The three models train on the same batches and end equal (checked), so the ratio is the cost alone.
+
+    python benchmarks/ddp_reducer_cost.py [--turns 24] [--json PATH]
+
+Target: routed ÷ plain ≤ 1.02. Results: README, "Benchmarks: what profiling a script costs".
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 1.02
+WARMUP = 3
+ARMS = ("plain", "routed", "hook")
+
+
+def _hook(comm, bucket):
+    """The comm hook commprof used before: DDP's default arithmetic, the all-reduce through Comm."""
+    buffer = bucket.buffer()
+    buffer.div_(comm.world_size)
+    return comm.all_reduce(buffer, async_op=True).get_future().then(lambda _: buffer)
+
+
+def worker(turns: int, out: str | None) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from commprof.comm import ddp_reducer, interpose
+    from commprof.profile.clock import CpuClock
+    from commprof.profile.recorder import OpRecorder
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    interposer = interpose.Interposer(OpRecorder(CpuClock()))
+    comm = interposer.comm(None)
+
+    def model():
+        torch.manual_seed(0)
+        return torchvision.models.resnet18(num_classes=10)
+
+    ddps = {"plain": DDP(model())}
+    ddp_reducer.install(interposer)
+    ddps["routed"] = DDP(model())
+    ddp_reducer.uninstall()  # buffer broadcasts back to DDP's own path, for every arm alike
+    ddps["hook"] = DDP(model())
+    ddps["hook"].register_comm_hook(comm, _hook)
+    opts = {arm: torch.optim.SGD(d.parameters(), lr=0.01, momentum=0.9) for arm, d in ddps.items()}
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+    def step(arm):
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(ddps[arm](x), y)
+        opts[arm].zero_grad()
+        loss.backward()
+        opts[arm].step()
+        return (time.perf_counter() - start) * 1e3
+
+    orders = list(itertools.permutations(ARMS))
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for t in range(WARMUP + turns):
+        for arm in orders[t % len(orders)]:
+            ms = step(arm)
+            if t >= WARMUP:
+                times[arm].append(ms)
+    params = {arm: torch.cat([p.detach().reshape(-1) for p in d.parameters()]) for arm, d in ddps.items()}
+    diff = max(float((params[arm] - params["plain"]).abs().max()) for arm in ARMS)
+    routed_ops = sum(1 for op in comm.recorder.ops if op[0] == "all_reduce")
+    per_rank = [None, None] if rank == 0 else None
+    dist.gather_object({"times": times, "max_abs_diff": diff, "all_reduces_seen": routed_ops}, per_rank, dst=0)
+    if rank == 0:
+        print(json.dumps(per_rank), flush=True)
+    del ddps, opts
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def summarise(per_rank: list[dict], turns: int) -> dict:
+    out = {"turns": turns, "warmup": WARMUP, "target": TARGET, "per_rank": per_rank}
+    for arm in ARMS:
+        out[f"{arm}_ms"] = statistics.fmean(statistics.median(r["times"][arm]) for r in per_rank)
+    for arm in ARMS[1:]:
+        # step by step: the arm's step over the plain step of the same turn, median over turns and ranks
+        ratios = sorted(a / b for r in per_rank for a, b in zip(r["times"][arm], r["times"]["plain"]))
+        out[f"{arm}_ratio"] = statistics.median(ratios)
+        out[f"{arm}_quartiles"] = statistics.quantiles(ratios, n=4)[::2]
+        out[f"{arm}_ratio_of_medians"] = out[f"{arm}_ms"] / out["plain_ms"]
+    out["max_abs_diff"] = max(r["max_abs_diff"] for r in per_rank)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--turns", type=int, default=24, help="measured turns (each: one step of every arm)")
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "ddp-reducer-cost-results.json"))
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.turns, args.json)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--turns", str(args.turns)],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [proc.communicate(timeout=3600)[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise SystemExit("ddp_reducer_cost: a rank failed")
+    per_rank = json.loads(next(line for line in outs[0].splitlines() if line.startswith("[")))
+    doc = summarise(per_rank, args.turns)
+    for arm in ARMS:
+        print(f"{arm:7s} {doc[arm + '_ms']:.1f} ms/step" + (
+            f"   ÷ plain, step by step: {doc[arm + '_ratio']:.3f} (quartiles {doc[arm + '_quartiles'][0]:.3f}–"
+            f"{doc[arm + '_quartiles'][1]:.3f}); ratio of medians {doc[arm + '_ratio_of_medians']:.3f}"
+            if arm != "plain" else ""))
+    print(f"parameters: max |arm − plain| = {doc['max_abs_diff']:.3g}; all-reduces seen by Comm per rank: "
+          f"{per_rank[0]['all_reduces_seen']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

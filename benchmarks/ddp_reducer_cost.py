@@ -1,17 +1,19 @@
 """What routing DistributedDataParallel's buckets through Comm costs a training step, measured in the same
 processes step by step: ResNet-18 (torchvision, CIFAR-10-sized synthetic batches of 32 per rank, SGD),
-2 gloo ranks, three DDPs over three copies of the same model, taking turns step by step:
+2 gloo ranks, four DDPs over four copies of the same model, taking turns step by step:
 
   plain      DDP as PyTorch builds it: the reducer's buckets in C++, unseen;
   routed     DDP built while commprof/comm/ddp_reducer.py is installed (what `commprof profile` and
              `run --strategy torch-ddp` do): the reducer's all-reduces through Comm, DDP's arithmetic;
   hook       DDP with a comm hook that divides each bucket and all-reduces it through Comm — how commprof
-             routed the buckets before, and what a Python comm hook costs any script on CPU.
+             routed the buckets before, and what a Python comm hook costs any script on CPU;
+  profiled   the routed DDP with everything else `commprof profile` puts under a script switched on for its
+             steps: torch.distributed interposed, DDP's buffer broadcasts through Comm, the module,
+             optimizer and autograd hooks that find iterations and phases (switched off between them).
 
-Only the buckets' path differs (the buffer broadcasts take DDP's own path in every arm): each arm's step
-is timed whole, the arms rotate through every order, so each step shares its neighbours' moment of this
-noisy machine, which whole runs launched apart do not (benchmarks/ddp_profiled.py: ±15 % between rounds).
-The three models train on the same batches and end equal (checked), so the ratio is the cost alone.
+Each arm's step is timed whole and the arms rotate through the orders, so each step shares its neighbours'
+moment of this noisy machine, which whole runs launched apart do not (benchmarks/ddp_profiled.py: ±15 %
+between rounds). The models train on the same batches and end equal (checked), so a ratio is a cost alone.
 
     python benchmarks/ddp_reducer_cost.py [--turns 24] [--json PATH]
 
@@ -33,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 1.02
 WARMUP = 3
-ARMS = ("plain", "routed", "hook")
+ARMS = ("plain", "routed", "hook", "profiled")
 
 
 def _hook(comm, bucket):
@@ -52,6 +54,7 @@ def worker(turns: int, out: str | None) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commprof.comm import ddp_reducer, interpose
+    from commprof.profile import hooks
     from commprof.profile.clock import CpuClock
     from commprof.profile.recorder import OpRecorder
 
@@ -68,33 +71,51 @@ def worker(turns: int, out: str | None) -> None:
     ddps = {"plain": DDP(model())}
     ddp_reducer.install(interposer)
     ddps["routed"] = DDP(model())
-    ddp_reducer.uninstall()  # buffer broadcasts back to DDP's own path, for every arm alike
+    ddps["profiled"] = DDP(model())
+    ddp_reducer.uninstall()  # buffer broadcasts back to DDP's own path, but for the profiled arm's steps
     ddps["hook"] = DDP(model())
     ddps["hook"].register_comm_hook(comm, _hook)
     opts = {arm: torch.optim.SGD(d.parameters(), lr=0.01, momentum=0.9) for arm, d in ddps.items()}
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
 
+    def profile(on: bool) -> None:
+        if on:
+            interpose.install(comm.recorder).adopt(comm)
+            ddp_reducer.install(interposer)
+            hooks.install(comm.recorder, 0)
+        else:
+            hooks.uninstall()
+            ddp_reducer.uninstall()
+            interpose.uninstall()
+
     def step(arm):
+        if arm == "profiled":
+            profile(True)
         start = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(ddps[arm](x), y)
         opts[arm].zero_grad()
         loss.backward()
         opts[arm].step()
-        return (time.perf_counter() - start) * 1e3
+        ms = (time.perf_counter() - start) * 1e3
+        if arm == "profiled":
+            profile(False)
+        return ms
 
     orders = list(itertools.permutations(ARMS))
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for t in range(WARMUP + turns):
+    seen = {arm: 0 for arm in ARMS}  # all-reduces Comm logged during each arm's steps (the tracker of the
+    for t in range(WARMUP + turns):   # profiled arm takes its ops into its iterations: not counted there)
         for arm in orders[t % len(orders)]:
+            mark = len(comm.recorder.ops)
             ms = step(arm)
+            seen[arm] += sum(1 for op in comm.recorder.ops[mark:] if op[0] == "all_reduce")
             if t >= WARMUP:
                 times[arm].append(ms)
     params = {arm: torch.cat([p.detach().reshape(-1) for p in d.parameters()]) for arm, d in ddps.items()}
     diff = max(float((params[arm] - params["plain"]).abs().max()) for arm in ARMS)
-    routed_ops = sum(1 for op in comm.recorder.ops if op[0] == "all_reduce")
     per_rank = [None, None] if rank == 0 else None
-    dist.gather_object({"times": times, "max_abs_diff": diff, "all_reduces_seen": routed_ops}, per_rank, dst=0)
+    dist.gather_object({"times": times, "max_abs_diff": diff, "all_reduces_seen": seen}, per_rank, dst=0)
     if rank == 0:
         print(json.dumps(per_rank), flush=True)
     del ddps, opts

@@ -70,6 +70,7 @@ def worker(rounds: int, iters: int) -> None:
     from commprof.comm.torch_comm import TorchComm
 
     interpose.install(recorder)
+    backend_op = TorchComm._all_reduce
     TorchComm._all_reduce = lambda self, tensor, op, output, async_op: None
     path = []
     for _ in range(rounds):
@@ -78,13 +79,54 @@ def worker(rounds: int, iters: int) -> None:
             dist.all_reduce(t)
         path.append((time.perf_counter_ns() - start) / iters / 1e3)
         recorder.clear()
-    interpose.uninstall()
+    TorchComm._all_reduce = backend_op
     per_op["python_path"] = path
+    per_op["turns"] = turns(statistics.median(path) * 1e3, rounds * iters // 10)
+    interpose.uninstall()
     if c10d.get_rank() == 0:
         print(json.dumps(per_op), flush=True)
     c10d.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # gloo's threads outlive destroy_process_group (see commprof.comm.end_process)
+
+
+def turns(path_ns: float, count: int) -> dict[str, list[float]]:
+    """Call by call, inside one loop: torch's own all_reduce, the interposed one (torch.distributed is
+    interposed; distributed_c10d's stays torch's), and a control — torch's call followed by `path_ns` of busy
+    Python, what the interposition's own time does to the next call. Each turn runs the three once, in the
+    six orders in sequence (the same on every rank); each call timed alone. Returns each arm's per-call µs."""
+    import itertools
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    t, now = torch.zeros(2), time.perf_counter_ns
+
+    def control():
+        c10d.all_reduce(t)
+        end = now() + path_ns
+        while now() < end:
+            pass
+
+    arms = {"torch": lambda: c10d.all_reduce(t), "interposed": lambda: dist.all_reduce(t), "control": control}
+    orders = list(itertools.permutations(arms))
+    out: dict[str, list[float]] = {arm: [] for arm in arms}
+    c10d.barrier()
+    for i in range(count):
+        for arm in orders[i % len(orders)]:
+            t0 = now()
+            arms[arm]()
+            out[arm].append((now() - t0 - (path_ns if arm == "control" else 0)) / 1e3)
+    return out
+
+
+def median_ci(values: list[float]) -> list[float]:
+    """95 % confidence interval of the median (sign-test order statistics, normal approximation)."""
+    v, n = sorted(values), len(values)
+    half = 1.96 * n ** 0.5 / 2
+    return [v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]]
 
 
 def _free_port() -> int:
@@ -108,10 +150,15 @@ def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
         raise SystemExit(f"{launcher} × {nproc}: a rank failed")
     per_op = json.loads(next(line for out in outs for line in out.splitlines() if line.startswith("{")))
     extra = [i - t for i, t in zip(per_op["interposed"], per_op["torch"])]
+    by_turn = per_op["turns"]
+    turn = {arm: [a - b for a, b in zip(by_turn[arm], by_turn["torch"])] for arm in ("interposed", "control")}
     return {"launcher": launcher, "nproc": nproc, "rounds": rounds, "iters": iters,
             "torch_us": statistics.median(per_op["torch"]), "interposed_us": statistics.median(per_op["interposed"]),
             "extra_us": statistics.median(extra), "extra_us_per_round": extra,
-            "python_path_us": statistics.median(per_op["python_path"]), "target_us": TARGET_US}
+            "python_path_us": statistics.median(per_op["python_path"]), "target_us": TARGET_US,
+            "turns": len(by_turn["torch"]), "turn_torch_us": statistics.median(by_turn["torch"]),
+            **{f"turn_{arm}_extra_us": statistics.median(d) for arm, d in turn.items()},
+            **{f"turn_{arm}_extra_ci_us": median_ci(d) for arm, d in turn.items()}}
 
 
 def main() -> None:
@@ -129,11 +176,18 @@ def main() -> None:
     rows = [measure(launcher, int(n), args.rounds, args.iters)
             for launcher in args.launchers.split(",") for n in args.nproc.split(",")]
     print("| launcher | ranks | torch (µs/op) | interposed (µs/op) | extra (µs/op, median of paired blocks) | "
-          "wrapper + Comm alone (µs/op) | target |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "extra turn by turn (µs, 95 % CI) | control turn by turn (µs, 95 % CI) | wrapper + Comm alone (µs/op) "
+          "| target |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def ci(r, arm):
+        lo, hi = r[f"turn_{arm}_extra_ci_us"]
+        return f"{r[f'turn_{arm}_extra_us']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
     for r in rows:
         print(f"| {r['launcher']} | {r['nproc']} | {r['torch_us']:.2f} | {r['interposed_us']:.2f} | "
-              f"{r['extra_us']:+.2f} | **{r['python_path_us']:.2f}** | ≤ {TARGET_US:g} |")
+              f"{r['extra_us']:+.2f} | {ci(r, 'interposed')} | {ci(r, 'control')} | "
+              f"**{r['python_path_us']:.2f}** | ≤ {TARGET_US:g} |")
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 

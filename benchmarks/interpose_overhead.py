@@ -6,10 +6,14 @@ Every rank runs both in alternating blocks of N in-place 8-byte all_reduces (the
 most; rounds alternate which goes first), each block timed as a whole after a barrier; extra = the median
 over rounds of (interposed block − torch block). A gloo op's own time moves by several µs from block to
 block, more than the cost sought, so the path is also timed alone: the same interposed calls with the
-backend's op replaced by nothing — the wrapper, the group's Comm, Comm's stamps, NVTX range and log entry. A 1-rank gloo
-world isolates the per-op cost (the op is local); 2 ranks show it beside a real exchange. Ranks are
+backend's op replaced by nothing — the wrapper, the group's Comm, Comm's stamps, NVTX range and log entry.
+A 1-rank gloo world isolates the per-op cost (the op is local); 2 ranks show it beside a real exchange. Ranks are
 started as torchrun starts them, and by mpiexec (`--launcher mpi`): a script's process group is gloo
 either way (PyPI's torch has no MPI backend), so the MPI rows say what the cost is on ranks mpiexec starts.
+Then turn by turn (rounds × iters / 10 turns): each turn calls torch's, the interposed and a control — torch's
+call followed by the path's time in busy Python — once each, in the six orders in sequence, every call timed
+alone; the median over turns of (arm − torch) and its 95 % CI. Neighbouring calls share the machine's moment,
+which blocks do not, and the control tells the path's own time between calls from a cost inside the call.
 
     python benchmarks/interpose_overhead.py [--rounds 101] [--iters 200] [--nproc 1,2] [--json PATH]
 

@@ -28,7 +28,7 @@ _SAVED: dict = {}
 
 class Routed(Backend):
     """A process group's backend for DDP's reducer: SUM all-reduces of one contiguous tensor through
-    `comm` (the reducer waits on the backend's own work), the rest to the group's own backend."""
+    `comm` (what the reducer asks for), anything else to the group's own backend as it was asked."""
 
     def __init__(self, comm, group) -> None:
         super().__init__(group.rank(), group.size())

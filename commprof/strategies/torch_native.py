@@ -7,8 +7,9 @@ through the same interposition `commprof profile` uses, beside the strategies wr
 The run's world Comm becomes the default group's Comm of commprof/comm/interpose.py, so every collective
 torch's code makes through `torch.distributed` — FSDP2's all-gathers and reduce-scatters, DDP's buffer
 broadcasts, and DDP's buckets through its reducer's own process group (commprof/comm/ddp_reducer.py) —
-lands in the same op log, timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end of backward, in C++: the
-backward phase ends where autograd did and the rest is exposed comm (profile/hooks.py, split_backward).
+lands in the same op log, timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end
+of backward, in C++: the backward phase ends where autograd did and the rest is exposed comm
+(profile/hooks.py, split_backward).
 
 `torch-ddp`: --bucket-mb is DDP's bucket_cap_mb; gradient accumulation uses `no_sync`; buffers are
 broadcast from rank 0 every forward, as DDP does by default (predicted with the gradients). `torch-fsdp`:

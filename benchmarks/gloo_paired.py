@@ -13,13 +13,14 @@ alternating blocks; here the arms take turns call by call, in one launch, one pr
                functions TorchComm calls), each call timed with perf_counter_ns as vs_c.py's bare loop does;
   torch+path   the bare call followed by a busy wait as long as Comm's own path measured on this rank
                (path_ns: Comm's _call around a backend call that does nothing), the wait not counted: the
-               control — it differs from torch by that much Python time per call and nothing else.
+               control — it differs from torch by that much Python time per call and nothing else;
+  torch again  the bare call once more, on buffers of its own: what buffer placement alone moves.
 
 The ranks are commprof bench's own: commprof's launcher starts them (COMMPROF_RANK_WRAPPER puts this file in
 front of `python -m commprof bench …`, which it then runs with measure() wrapped), the watchdog and the
 control plane run, so whatever a commprof rank costs besides its per-op path is in every arm alike. Each
 block: every arm's warm-up, the barrier bench passes, then N turns, each turn every arm once in one of the
-six orders (in sequence, the same on every rank). Per collective, size and mode: each arm's median over
+24 orders (in sequence, the same on every rank). Per collective, size and mode: each arm's median over
 blocks of the per-block median call; `paired` = the median over blocks of arm ÷ torch (and its quartiles);
 `pooled` = the median of every call of an arm ÷ that of every torch call.
 
@@ -48,9 +49,11 @@ ITERS = {64 << 10: 100, 1 << 20: 30, 16 << 20: 5}
 OUT_ENV = "GLOO_PAIRED_OUT"
 BLOCKS_ENV = "GLOO_PAIRED_BLOCKS"
 TARGET = 1.02
-ORDERS = tuple(itertools.permutations(("commprof", "torch", "torch+path")))
+ORDERS = tuple(itertools.permutations(("commprof", "torch", "torch+path", "torch again")))
 """Call by call, the arms take turns in every order in sequence, the same on every rank: each call shares
 its neighbours' moment of the machine, and each arm follows each arm equally often."""
+COMPARED = ("commprof", "torch+path", "torch again")
+"""The arms set against torch."""
 
 
 # ---- inside a rank: bench with measure() wrapped ----------------------------------------------------
@@ -103,6 +106,8 @@ def shim() -> None:
         bare = point.collective.prepare(BareTorch(comm), point.count, dtype, point.op or "sum", inplace,
                                         cfg.root).run
         case = point.collective.prepare(comm, point.count, dtype, point.op or "sum", inplace, cfg.root)
+        again = point.collective.prepare(BareTorch(comm), point.count, dtype, point.op or "sum", inplace,
+                                         cfg.root).run
         spin_ns = path_ns(comm, point.count * dtype.itemsize, dtype)
 
         def bare_and_spin():  # the bare call, then as long as Comm's path takes, spent in Python
@@ -111,7 +116,7 @@ def shim() -> None:
             while now() < end:
                 pass
 
-        loops = {"commprof": case.run, "torch": bare, "torch+path": bare_and_spin}
+        loops = {"commprof": case.run, "torch": bare, "torch+path": bare_and_spin, "torch again": again}
         arms: dict[str, list[list[int]]] = {arm: [] for arm in loops}
         recorder = comm.recorder
         for b in range(blocks):
@@ -120,7 +125,7 @@ def shim() -> None:
                     run()
             recorder.clear()
             start()
-            times: dict[str, list[int]] = {"torch": [], "torch+path": []}
+            times: dict[str, list[int]] = {arm: [] for arm in loops if arm != "commprof"}
             for i in range(cfg.iters):
                 for arm in ORDERS[(b * cfg.iters + i) % len(ORDERS)]:
                     if arm == "commprof":  # timed by Comm, as bench times it
@@ -131,6 +136,7 @@ def shim() -> None:
                         times[arm].append(now() - t0)
             arms["commprof"].append(recorder.durations_ns())
             arms["torch"].append(times["torch"])
+            arms["torch again"].append(times["torch again"])
             # the spin stands in for time between calls, not in the call
             arms["torch+path"].append([t - spin_ns for t in times["torch+path"]])
         recorder.clear()
@@ -177,7 +183,7 @@ def summarise(lines: list[dict]) -> list[dict]:
         pooled = {arm: statistics.median(v for b in blocks for v in b) / 1e3
                   for arm, blocks in line["blocks"].items()}
         rank = {"rank": line["rank"], "path_us": line["path_us"], "blocks_us": med}
-        for arm in ("commprof", "torch+path"):
+        for arm in COMPARED:
             ratios = [x / y for x, y in zip(med[arm], med["torch"])]
             rank[f"{arm}_paired"] = statistics.median(ratios)
             rank[f"{arm}_quartiles"] = statistics.quantiles(ratios, n=4)[::2]
@@ -213,9 +219,9 @@ def print_table(rows: list[dict], blocks: int) -> None:
                         f"ranks: {blocks} blocks of interleaved calls, mean over ranks",
                   caption="paired: median over blocks of (arm ÷ torch) block medians; Δ/turn: median over turns "
                           "of (arm − torch) call, with rank 0's 95 % CI; control: the bare call followed by "
-                          "Comm's measured path time spent in Python")
+                          "Comm's measured path time spent in Python; again: the bare call on buffers of its own")
     for name in ("collective", "size", "mode", "N", "torch µs", "commprof µs", "paired", "Δ/turn µs [CI]",
-                 "path µs", "control paired", "control Δ/turn µs [CI]"):
+                 "path µs", "control paired", "control Δ/turn µs [CI]", "again paired", "again Δ/turn µs [CI]"):
         table.add_column(name, justify="left" if name in ("collective", "mode") else "right")
 
     def turn(r, arm):
@@ -226,7 +232,7 @@ def print_table(rows: list[dict], blocks: int) -> None:
         table.add_row(r["collective"], format_bytes(r["nbytes"]), "in" if r["inplace"] else "out", str(r["iters"]),
                       f"{r['torch_us']:.1f}", f"{r['commprof_us']:.1f}", f"{r['commprof_paired']:.3f}",
                       turn(r, "commprof"), f"{r['path_us']:.2f}", f"{r['torch+path_paired']:.3f}",
-                      turn(r, "torch+path"))
+                      turn(r, "torch+path"), f"{r['torch again_paired']:.3f}", turn(r, "torch again"))
     Console(width=None if sys.stdout.isatty() else 220).print(table)
 
 

@@ -19,6 +19,9 @@ what that level alone costs. On gloo (--backend gloo or both), two columns:
              reduce_scatter_tensor, broadcast on the tensors commprof's bench allocates);
   commprof   `commprof bench … --backend gloo`, in the modes gloo runs.
 
+Each side is a launch of its own, and on 2 cores a gloo launch's latency moves ±20 % with where its
+threads land: for commprof's own cost on gloo, benchmarks/gloo_paired.py compares call by call in one launch.
+
 All three time alike, as commprof.bench.runner.measure() does: fresh buffers per collective and mode,
 W warm-up calls, one barrier, then N calls back to back, each timed on its own with a monotonic clock
 (perf_counter_ns / CLOCK_MONOTONIC) around just that call, no barrier between them; in-place

@@ -45,7 +45,7 @@ def _hook(comm, bucket):
     return comm.all_reduce(buffer, async_op=True).get_future().then(lambda _: buffer)
 
 
-def worker(turns: int, out: str | None) -> None:
+def worker(turns: int) -> None:
     import time
 
     import torch
@@ -145,7 +145,7 @@ def main() -> None:
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "ddp-reducer-cost-results.json"))
     args = p.parse_args()
     if args.worker:
-        return worker(args.turns, args.json)
+        return worker(args.turns)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -115,9 +115,11 @@ class Annotator:
         self.domain.push_range(label.attrs)
 
     def pop(self) -> None:
-        if self.trace is not None:
-            self.trace.end(time.perf_counter_ns())
+        trace = self.trace
+        due = trace is not None and trace.end(time.perf_counter_ns())
         self.domain.pop_range()
+        if due:  # the trace's writing after the pop: inside no range it stamps, NVTX's or its own
+            trace.flush()
 
 
 ANNOTATOR = Annotator()

@@ -112,16 +112,17 @@ class TraceRecorder:
     def begin(self, label, t_ns: int) -> None:
         self._stack.append((label, t_ns, None if self.gpu is None else self.gpu.mark()))
 
-    def end(self, t_ns: int) -> None:
+    def end(self, t_ns: int) -> bool:
+        """Close the innermost range at `t_ns`; True when the buffer is due to be written, which the caller
+        does with flush() once its NVTX range is popped (writing inside it would lengthen that range)."""
         if not self._stack:
-            return  # a range opened before the trace was attached
+            return False  # a range opened before the trace was attached
         label, t0, event = self._stack.pop()
         self._buf.append(("X", label, t0, t_ns))
         if event is not None:
             with self._lock:
                 self.gpu.pending.append((("range", label), event, self.gpu.mark()))
-        if len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS):
-            self.flush()
+        return len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS)
 
     def op(self, entry: tuple, comm) -> None:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""

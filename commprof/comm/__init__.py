@@ -19,7 +19,7 @@ import torch
 from commprof import job
 from commprof.backends import (BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots,
                                 unsupported)
-from commprof.comm import mpi_comm, torch_comm
+from commprof.comm import gloo_comm, mpi_comm
 from commprof.comm.base import Comm, Handle
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
@@ -106,8 +106,8 @@ def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
         device, clock = torch.device("cpu"), CpuClock()
     addr, port = _rendezvous(world)
     try:
-        comm = torch_comm.TorchComm.init(backend=backend, rank=world.rank, world_size=world.world_size,
-                                         addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
+        comm = gloo_comm.comm_class(backend).init(backend=backend, rank=world.rank, world_size=world.world_size,
+                                                  addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
     except (RuntimeError, ValueError) as exc:  # DistStoreError and friends: peers never arrived
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "

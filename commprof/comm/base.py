@@ -125,10 +125,11 @@ class Comm:
         hit = self._labels.get((name, nbytes, dtype))
         if hit is None:
             hit = self._label(name, nbytes, dtype)
-        label, step = hit
-        self.seq += step
+        self.seq += hit[1]
         self._ring((self.label, self.seq, name, nbytes, dtype))
-        ANNOTATOR.push(label)
+        annotate = ANNOTATOR.active
+        if annotate:
+            ANNOTATOR.push(hit[0])
         self.busy_seq += 1
         self.busy = name
         try:
@@ -143,8 +144,12 @@ class Comm:
             raise self.failure(name, exc) from exc
         finally:
             self.busy = None
-            ANNOTATOR.pop()
-        self._log((name, nbytes, self.world_size, start, end, False, self.label))
+            if annotate:
+                ANNOTATOR.pop()
+        entry = (name, nbytes, self.world_size, start, end, False, self.label)
+        self._append(entry)  # _log's body: a call less on every synchronous op
+        if annotate and ANNOTATOR.trace is not None:
+            ANNOTATOR.trace.op(entry, self)
         return None
 
     def failure(self, name: str, exc: BaseException) -> CommprofError:
@@ -291,7 +296,9 @@ class Handle:
         with self._lock:
             self._waiting = True
             done = self._end
-        ANNOTATOR.push(hit[0])
+        annotate = ANNOTATOR.active
+        if annotate:
+            ANNOTATOR.push(hit[0])
         comm.busy_seq += 1
         comm.busy = self._name
         try:
@@ -307,7 +314,8 @@ class Handle:
             raise comm.failure(self._name, exc) from exc
         finally:
             comm.busy = None
-            ANNOTATOR.pop()
+            if annotate:
+                ANNOTATOR.pop()
         if comm.clock.kind == "cuda":
             comm.recorder.waits.append((self._name, start, end))
             if done is None:

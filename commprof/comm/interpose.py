@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
 from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.recorder import OpRecorder
@@ -97,10 +98,11 @@ class Interposer:
 
     def comm(self, group) -> TorchComm:
         """The Comm of `group` (None: the default group), made on its first call."""
-        pg = group if group is not None else c10d._get_default_group()
-        hit = self._comms.get(id(pg))
+        # the default group as torch's world holds it: _get_default_group() is a call more on every op
+        hit = self._comms.get(id(group if group is not None else c10d._world.default_pg))
         if hit is not None:
             return hit[1]
+        pg = group if group is not None else c10d._get_default_group()
         backend = c10d.get_backend(pg)
         cuda = backend == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -108,7 +110,7 @@ class Interposer:
             self.recorder = OpRecorder(CudaClock() if cuda else CpuClock())
         ranks = c10d.get_process_group_ranks(pg)
         world = pg is c10d._get_default_group()
-        comm = TorchComm(backend=backend, group=None if world else pg, ranks=ranks, control_group=None,
+        comm = comm_class(backend)(backend=backend, group=None if world else pg, ranks=ranks, control_group=None,
                          device=device, clock=self.recorder.clock, recorder=self.recorder)
         comm.label = "world" if world else _label(ranks)
         self._comms[id(pg)] = (pg, comm)

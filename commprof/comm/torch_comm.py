@@ -145,7 +145,7 @@ class TorchComm(Comm):
         control = dist.new_group(members, backend="gloo") if self.backend != "gloo" else None
         if dist.get_rank() not in members:
             return None
-        sub = TorchComm(backend=self.backend, group=group, ranks=members, control_group=control,
+        sub = type(self)(backend=self.backend, group=group, ranks=members, control_group=control,
                         device=self.device, clock=self.clock, recorder=self.recorder)
         sub.label, sub.timeout_s, sub.fault = label, self.timeout_s, self.fault
         return sub

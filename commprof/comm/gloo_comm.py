@@ -1,0 +1,142 @@
+"""GlooComm: Comm over a gloo process group, its data plane calling the ProcessGroup's own methods.
+
+torch.distributed's functions (`all_reduce`, `broadcast`, …) are a Python layer over the ProcessGroup's
+methods of the same names: they dispatch tensor subclasses and TorchFunctionModes, view complex tensors as
+real, queue the call inside `_coalescing_manager`, map global ranks to group ranks, build an options object,
+then call the method and wait on its Work. Right after a blocking call that layer runs with cold caches, and
+on 2 cores it costs about 10 µs per op (`python benchmarks/gloo_direct.py`) — five times Comm's own path.
+For gloo, whose ops run on this host, GlooComm makes the same method call itself, with options built once
+and group ranks it already holds; a call that needs the layer — a complex tensor, a tensor with
+`__torch_function__`, a call inside `_coalescing_manager` — goes through torch's function as TorchComm's does.
+NCCL keeps torch's functions (TorchComm): its options decide which stream an op runs on.
+
+Exercised by: `pytest tests/test_comm.py -k gloo`.
+"""
+
+from __future__ import annotations
+
+from torch._C import _has_torch_function_unary
+from torch.distributed import distributed_c10d as dist
+
+from commprof.comm.torch_comm import _OPS, TorchComm
+
+_PG = dist.ProcessGroup
+# torch 2.10 renamed the single-tensor methods; the old names stay for older torch
+_ALL_GATHER = getattr(_PG, "all_gather_single", None) or _PG._allgather_base
+_REDUCE_SCATTER = getattr(_PG, "reduce_scatter_single", None) or _PG._reduce_scatter_base
+_ALL_TO_ALL = getattr(_PG, "all_to_all_single", None) or _PG.alltoall_base
+
+
+def _options(kind, async_op: bool, **fields):
+    opts = kind()
+    opts.asyncOp = async_op
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def _reduce_options(kind) -> dict:
+    """(op name, async_op) -> options of `kind` with that reduction: built once, read by every call."""
+    return {(name, a): _options(kind, a, reduceOp=op) for name, op in _OPS.items() for a in (False, True)}
+
+
+class GlooComm(TorchComm):
+    """TorchComm on gloo whose collectives and point-to-point calls go straight to the ProcessGroup."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        pg = self._group if self._group is not None else dist._get_default_group()
+        self._pg = pg
+        self._allreduce, self._bcast, self._reduce_pg = pg.allreduce, pg.broadcast, pg.reduce
+        self._send_pg, self._recv_pg = pg.send, pg.recv
+        self._allreduce_opts = _reduce_options(dist.AllreduceOptions)
+        self._reduce_scatter_opts = _reduce_options(dist.ReduceScatterOptions)
+        self._all_gather_opts = (_options(dist.AllgatherOptions, False), _options(dist.AllgatherOptions, True))
+        self._all_to_all_opts = (_options(dist.AllToAllOptions, False), _options(dist.AllToAllOptions, True))
+
+    def _layer(self, *tensors) -> bool:
+        """Whether torch's Python layer has work to do for this call (see the module docstring)."""
+        if dist._world.pg_coalesce_state:
+            return True
+        return any(t.is_complex() or _has_torch_function_unary(t) for t in tensors)
+
+    def _all_reduce(self, tensor, op, output, async_op):
+        if output is not None or tensor.is_complex() or _has_torch_function_unary(tensor) \
+                or dist._world.pg_coalesce_state:
+            return super()._all_reduce(tensor, op, output, async_op)
+        work = self._allreduce([tensor], self._allreduce_opts[op, async_op])
+        if async_op:
+            return work
+        work.wait()
+
+    def _all_gather(self, output, input, async_op):
+        if self._layer(output, input):
+            return super()._all_gather(output, input, async_op)
+        work = _ALL_GATHER(self._pg, output, input, self._all_gather_opts[async_op])
+        if async_op:
+            return work
+        work.wait()
+
+    def _reduce_scatter(self, output, input, op, async_op):
+        if self._layer(output, input):
+            return super()._reduce_scatter(output, input, op, async_op)
+        work = _REDUCE_SCATTER(self._pg, output, input, self._reduce_scatter_opts[op, async_op])
+        if async_op:
+            return work
+        work.wait()
+
+    def _broadcast(self, tensor, src, async_op):
+        if self._layer(tensor):
+            return super()._broadcast(tensor, src, async_op)
+        work = self._bcast([tensor], _options(dist.BroadcastOptions, async_op, rootRank=src, rootTensor=0))
+        if async_op:
+            return work
+        work.wait()
+
+    def _reduce(self, tensor, dst, op, output, async_op):
+        if output is not None or self._layer(tensor):
+            return super()._reduce(tensor, dst, op, output, async_op)
+        opts = _options(dist.ReduceOptions, async_op, reduceOp=_OPS[op], rootRank=dst)
+        work = self._reduce_pg([tensor], opts)
+        if async_op:
+            return work
+        work.wait()
+
+    def _all_to_all(self, output, input, async_op):
+        if self._layer(output, input):
+            return super()._all_to_all(output, input, async_op)
+        work = _ALL_TO_ALL(self._pg, output, input, [], [], self._all_to_all_opts[async_op])
+        if async_op:
+            return work
+        work.wait()
+
+    def _send(self, tensor, dst, async_op):
+        if self._layer(tensor):
+            return super()._send(tensor, dst, async_op)
+        work = self._send_pg([tensor], dst, 0)
+        if async_op:
+            return work
+        work.wait()
+
+    def _recv(self, tensor, src, async_op):
+        if self._layer(tensor):
+            return super()._recv(tensor, src, async_op)
+        work = self._recv_pg([tensor], src, 0)
+        if async_op:
+            return work
+        work.wait()
+
+    def _sendrecv(self, send_tensor, recv_tensor, dst, src, async_op):
+        if (dst == self.rank and src == self.rank) or self._layer(send_tensor, recv_tensor):
+            return super()._sendrecv(send_tensor, recv_tensor, dst, src, async_op)
+        # the receive posted first, as TorchComm's does (gloo's order for one pair)
+        works = [self._recv_pg([recv_tensor], src, 0), self._send_pg([send_tensor], dst, 0)]
+        if async_op:
+            return works
+        for work in works:
+            work.wait()
+
+
+def comm_class(backend: str) -> type[TorchComm]:
+    """The Comm for a torch.distributed backend: GlooComm for gloo, TorchComm for the others."""
+    return GlooComm if backend == "gloo" else TorchComm

@@ -18,6 +18,50 @@ def check(name: str, got: torch.Tensor, want) -> None:
         raise AssertionError(f"{name}: got {got.tolist()} want {want.tolist()}")
 
 
+class Traced(torch.Tensor):
+    """A tensor subclass that sees every torch function called on it, torch.distributed's included."""
+
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", ""))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def gloo_layer(comm) -> None:
+    """GlooComm calls the ProcessGroup itself, and hands to torch's functions what their Python layer is
+    for: complex tensors, tensors with __torch_function__, calls inside _coalescing_manager."""
+    from torch.distributed import distributed_c10d as c10d
+
+    r, n = comm.rank, comm.world_size
+    tri = n * (n + 1) // 2
+    torch_all_reduce, c10d.all_reduce = c10d.all_reduce, None  # the plain call must not need it
+    try:
+        t = torch.full((3,), float(r + 1))
+        comm.all_reduce(t)
+        check("direct all_reduce", t, tri)
+    finally:
+        c10d.all_reduce = torch_all_reduce
+    z = torch.full((2,), complex(r + 1, -(r + 1)))
+    comm.all_reduce(z)
+    if not torch.equal(z, torch.full((2,), complex(tri, -tri))):
+        raise AssertionError(f"complex all_reduce: got {z.tolist()}")
+    t = torch.full((2,), float(r + 1)).as_subclass(Traced)
+    comm.all_reduce(t)
+    check("subclass all_reduce", t.as_subclass(torch.Tensor), tri)
+    assert "all_reduce" in Traced.seen, f"torch's function did not dispatch the subclass: {Traced.seen}"
+    a, b = torch.full((2,), float(r + 1)), torch.full((3,), float(r + 2))
+    with c10d._coalescing_manager(async_ops=True) as cm:
+        comm.all_reduce(a)
+        comm.all_reduce(b)
+        if n > 1:  # queued by torch's layer, issued as one at the manager's exit
+            check("all_reduce inside _coalescing_manager", a, r + 1)
+    cm.wait()
+    check("coalesced all_reduce", a, tri)
+    check("coalesced all_reduce (2)", b, tri + n)
+
+
 def main(backend: str) -> None:
     world = discover()
     comm = init_comm(world, backend=backend, timeout_s=60)
@@ -57,6 +101,8 @@ def main(backend: str) -> None:
                            async_op=async_op))
         check("sendrecv", recv, (r - 1) % n)
     comm.barrier()
+    if backend == "gloo":
+        gloo_layer(comm)
     if n > 1:  # point-to-point: rank 0 -> last rank, blocking and nonblocking
         if r == 0:
             comm.send(torch.full((2,), 5.0), dst=n - 1)

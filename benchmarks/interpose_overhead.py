@@ -10,10 +10,12 @@ backend's op replaced by nothing — the wrapper, the group's Comm, Comm's stamp
 A 1-rank gloo world isolates the per-op cost (the op is local); 2 ranks show it beside a real exchange. Ranks are
 started as torchrun starts them, and by mpiexec (`--launcher mpi`): a script's process group is gloo
 either way (PyPI's torch has no MPI backend), so the MPI rows say what the cost is on ranks mpiexec starts.
-Then turn by turn (rounds × iters / 10 turns): each turn calls torch's, the interposed and a control — torch's
-call followed by the path's time in busy Python — once each, in the six orders in sequence, every call timed
-alone; the median over turns of (arm − torch) and its 95 % CI. Neighbouring calls share the machine's moment,
-which blocks do not, and the control tells the path's own time between calls from a cost inside the call.
+Then turn by turn (rounds × iters / 10 turns): each turn calls torch's, the interposed, a control — torch's
+call followed by the path's time in busy Python —, Comm's own all_reduce (commprof/comm/gloo_comm.py: the
+ProcessGroup's method called directly) and that bare ProcessGroup call, once each, in the 120 orders in
+sequence, every call timed alone; the median over turns of (arm − torch) and its 95 % CI. Neighbouring calls
+share the machine's moment, which blocks do not; the control tells the path's own time between calls from a
+cost inside the call, and the ProcessGroup arm shows what torch's Python layer costs on its own.
 
     python benchmarks/interpose_overhead.py [--rounds 101] [--iters 200] [--nproc 1,2] [--json PATH]
 
@@ -32,6 +34,8 @@ import sys
 from pathlib import Path
 
 TARGET_US = 2.0
+TURN_ARMS = ("interposed", "control", "comm", "process group")
+"""The turn-by-turn arms set against torch's own call."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -71,11 +75,11 @@ def worker(rounds: int, iters: int) -> None:
             if r:
                 per_op[mode].append(elapsed / iters / 1e3)
     # the Python path alone: the same calls with the backend's op replaced by nothing, per rank, no exchange
-    from commprof.comm.torch_comm import TorchComm
+    from commprof.comm.gloo_comm import GlooComm
 
     interpose.install(recorder)
-    backend_op = TorchComm._all_reduce
-    TorchComm._all_reduce = lambda self, tensor, op, output, async_op: None
+    backend_op = GlooComm._all_reduce
+    GlooComm._all_reduce = lambda self, tensor, op, output, async_op: None
     path = []
     for _ in range(rounds):
         start = time.perf_counter_ns()
@@ -83,7 +87,7 @@ def worker(rounds: int, iters: int) -> None:
             dist.all_reduce(t)
         path.append((time.perf_counter_ns() - start) / iters / 1e3)
         recorder.clear()
-    TorchComm._all_reduce = backend_op
+    GlooComm._all_reduce = backend_op
     per_op["python_path"] = path
     per_op["turns"] = turns(statistics.median(path) * 1e3, rounds * iters // 10)
     interpose.uninstall()
@@ -96,15 +100,18 @@ def worker(rounds: int, iters: int) -> None:
 
 def turns(path_ns: float, count: int) -> dict[str, list[float]]:
     """Call by call, inside one loop: torch's own all_reduce, the interposed one (torch.distributed is
-    interposed; distributed_c10d's stays torch's), and a control — torch's call followed by `path_ns` of busy
-    Python, what the interposition's own time does to the next call. Each turn runs the three once, in the
-    six orders in sequence (the same on every rank); each call timed alone. Returns each arm's per-call µs."""
+    interposed; distributed_c10d's stays torch's), a control — torch's call followed by `path_ns` of busy
+    Python, what the interposition's own time does to the next call —, the world Comm's all_reduce and the
+    bare ProcessGroup call. Each turn runs every arm once, the orders in sequence (the same on every rank);
+    each call timed alone. Returns each arm's per-call µs."""
     import itertools
     import time
 
     import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
+
+    from commprof.comm import interpose
 
     t, now = torch.zeros(2), time.perf_counter_ns
 
@@ -114,7 +121,11 @@ def turns(path_ns: float, count: int) -> dict[str, list[float]]:
         while now() < end:
             pass
 
-    arms = {"torch": lambda: c10d.all_reduce(t), "interposed": lambda: dist.all_reduce(t), "control": control}
+    comm = interpose._ACTIVE.comm(None)
+    pg, opts = c10d._get_default_group(), c10d.AllreduceOptions()
+    opts.reduceOp, opts.asyncOp = c10d.ReduceOp.SUM, False
+    arms = {"torch": lambda: c10d.all_reduce(t), "interposed": lambda: dist.all_reduce(t), "control": control,
+            "comm": lambda: comm.all_reduce(t), "process group": lambda: pg.allreduce([t], opts).wait()}
     orders = list(itertools.permutations(arms))
     out: dict[str, list[float]] = {arm: [] for arm in arms}
     c10d.barrier()
@@ -155,7 +166,7 @@ def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
     per_op = json.loads(next(line for out in outs for line in out.splitlines() if line.startswith("{")))
     extra = [i - t for i, t in zip(per_op["interposed"], per_op["torch"])]
     by_turn = per_op["turns"]
-    turn = {arm: [a - b for a, b in zip(by_turn[arm], by_turn["torch"])] for arm in ("interposed", "control")}
+    turn = {arm: [a - b for a, b in zip(by_turn[arm], by_turn["torch"])] for arm in TURN_ARMS}
     return {"launcher": launcher, "nproc": nproc, "rounds": rounds, "iters": iters,
             "torch_us": statistics.median(per_op["torch"]), "interposed_us": statistics.median(per_op["interposed"]),
             "extra_us": statistics.median(extra), "extra_us_per_round": extra,
@@ -180,9 +191,9 @@ def main() -> None:
     rows = [measure(launcher, int(n), args.rounds, args.iters)
             for launcher in args.launchers.split(",") for n in args.nproc.split(",")]
     print("| launcher | ranks | torch (µs/op) | interposed (µs/op) | extra (µs/op, median of paired blocks) | "
-          "extra turn by turn (µs, 95 % CI) | control turn by turn (µs, 95 % CI) | wrapper + Comm alone (µs/op) "
-          "| target |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          + " | ".join(f"{arm} − torch, turn by turn (µs, 95 % CI)" for arm in TURN_ARMS)
+          + " | wrapper + Comm alone, hot (µs/op) | target |")
+    print("| --- " * (7 + len(TURN_ARMS)) + "|")
 
     def ci(r, arm):
         lo, hi = r[f"turn_{arm}_extra_ci_us"]
@@ -190,8 +201,8 @@ def main() -> None:
 
     for r in rows:
         print(f"| {r['launcher']} | {r['nproc']} | {r['torch_us']:.2f} | {r['interposed_us']:.2f} | "
-              f"{r['extra_us']:+.2f} | {ci(r, 'interposed')} | {ci(r, 'control')} | "
-              f"**{r['python_path_us']:.2f}** | ≤ {TARGET_US:g} |")
+              f"{r['extra_us']:+.2f} | " + " | ".join(ci(r, arm) for arm in TURN_ARMS)
+              + f" | {r['python_path_us']:.2f} | ≤ {TARGET_US:g} |")
     Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 

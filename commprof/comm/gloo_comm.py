@@ -15,6 +15,7 @@ Exercised by: `pytest tests/test_comm.py -k gloo`.
 
 from __future__ import annotations
 
+from torch import Tensor
 from torch._C import _has_torch_function_unary
 from torch.distributed import distributed_c10d as dist
 
@@ -47,6 +48,8 @@ class GlooComm(TorchComm):
         super().__init__(**kwargs)
         pg = self._group if self._group is not None else dist._get_default_group()
         self._pg = pg
+        self._coalescing = dist._world._pg_coalesce_state
+        """torch's calls queued by `_coalescing_manager`, per group (the dict itself: its property is a call)."""
         self._allreduce, self._bcast, self._reduce_pg = pg.allreduce, pg.broadcast, pg.reduce
         self._send_pg, self._recv_pg = pg.send, pg.recv
         self._allreduce_opts = _reduce_options(dist.AllreduceOptions)
@@ -56,13 +59,13 @@ class GlooComm(TorchComm):
 
     def _layer(self, *tensors) -> bool:
         """Whether torch's Python layer has work to do for this call (see the module docstring)."""
-        if dist._world.pg_coalesce_state:
+        if self._coalescing:
             return True
-        return any(t.is_complex() or _has_torch_function_unary(t) for t in tensors)
+        return any(t.is_complex() or (type(t) is not Tensor and _has_torch_function_unary(t)) for t in tensors)
 
-    def _all_reduce(self, tensor, op, output, async_op):
-        if output is not None or tensor.is_complex() or _has_torch_function_unary(tensor) \
-                or dist._world.pg_coalesce_state:
+    def _all_reduce(self, tensor, op, output, async_op):  # _layer inlined: the op most calls are
+        if output is not None or self._coalescing or tensor.is_complex() \
+                or (type(tensor) is not Tensor and _has_torch_function_unary(tensor)):
             return super()._all_reduce(tensor, op, output, async_op)
         work = self._allreduce([tensor], self._allreduce_opts[op, async_op])
         if async_op:

@@ -7,6 +7,7 @@ mismatch. Started by tests/test_comm.py as N real processes (gloo) or under mpie
 import sys
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from commprof.comm import end_process, init_comm
 from commprof.world import discover
@@ -51,6 +52,18 @@ def gloo_layer(comm) -> None:
     comm.all_reduce(t)
     check("subclass all_reduce", t.as_subclass(torch.Tensor), tri)
     assert "all_reduce" in Traced.seen, f"torch's function did not dispatch the subclass: {Traced.seen}"
+    modes: list = []
+
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            modes.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    t = torch.full((2,), float(r + 1))
+    with Seen():
+        comm.all_reduce(t)
+    check("all_reduce under a TorchFunctionMode", t, tri)
+    assert "all_reduce" in modes, f"torch's function did not dispatch to the mode: {modes}"
     a, b = torch.full((2,), float(r + 1)), torch.full((3,), float(r + 2))
     with c10d._coalescing_manager(async_ops=True) as cm:
         comm.all_reduce(a)

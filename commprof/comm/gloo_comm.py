@@ -3,19 +3,19 @@
 torch.distributed's functions (`all_reduce`, `broadcast`, …) are a Python layer over the ProcessGroup's
 methods of the same names: they dispatch tensor subclasses and TorchFunctionModes, view complex tensors as
 real, queue the call inside `_coalescing_manager`, map global ranks to group ranks, build an options object,
-then call the method and wait on its Work. Right after a blocking call that layer runs with cold caches, and
-on 2 cores it costs about 10 µs per op (`python benchmarks/gloo_direct.py`) — five times Comm's own path.
-For gloo, whose ops run on this host, GlooComm makes the same method call itself, with options built once
-and group ranks it already holds; a call that needs the layer — a complex tensor, a tensor with
-`__torch_function__`, a call inside `_coalescing_manager` — goes through torch's function as TorchComm's does.
-NCCL keeps torch's functions (TorchComm): its options decide which stream an op runs on.
+then call the method and wait on its Work. Between two ops that layer runs with cold caches, and here it
+costs 9-15 µs per op at 1 rank and ~30 µs at 2, where Comm's whole path takes 2-3 µs in a loop
+(`python benchmarks/gloo_layers.py`, `benchmarks/interpose_overhead.py`). For gloo, whose ops run on this
+host, GlooComm makes the same method call itself, with options built once and the group ranks it already
+holds; a call that needs the layer — a complex tensor, a tensor subclass with `__torch_function__` or an
+active TorchFunctionMode, a call inside `_coalescing_manager` — goes through torch's function as TorchComm's
+does. NCCL keeps torch's functions (TorchComm): there the options choose the stream an op runs on.
 
 Exercised by: `pytest tests/test_comm.py -k gloo`.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
 from torch._C import _has_torch_function_unary
 from torch.distributed import distributed_c10d as dist
 
@@ -61,11 +61,10 @@ class GlooComm(TorchComm):
         """Whether torch's Python layer has work to do for this call (see the module docstring)."""
         if self._coalescing:
             return True
-        return any(t.is_complex() or (type(t) is not Tensor and _has_torch_function_unary(t)) for t in tensors)
+        return any(t.is_complex() or _has_torch_function_unary(t) for t in tensors)
 
     def _all_reduce(self, tensor, op, output, async_op):  # _layer inlined: the op most calls are
-        if output is not None or self._coalescing or tensor.is_complex() \
-                or (type(tensor) is not Tensor and _has_torch_function_unary(tensor)):
+        if output is not None or self._coalescing or tensor.is_complex() or _has_torch_function_unary(tensor):
             return super()._all_reduce(tensor, op, output, async_op)
         work = self._allreduce([tensor], self._allreduce_opts[op, async_op])
         if async_op:

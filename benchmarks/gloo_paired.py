@@ -9,8 +9,9 @@ alternating blocks; here the arms take turns call by call, in one launch, one pr
 
   commprof     bench's own Case (prepare() on the rank's Comm, as bench's measure() makes it), every call
                through Comm (timestamps, NVTX, op log), timed from the op log as bench times it;
-  torch        the same prepare() on a stand-in whose methods call torch.distributed directly (the
-               functions TorchComm calls), each call timed with perf_counter_ns as vs_c.py's bare loop does;
+  torch        the same prepare() on a stand-in whose methods call torch.distributed's functions, as a
+               script does, each call timed with perf_counter_ns as vs_c.py's bare loop does (Comm on
+               gloo calls the ProcessGroup's methods under them: commprof/comm/gloo_comm.py);
   torch+path   the bare call followed by a busy wait as long as Comm's own path measured on this rank
                (path_ns: Comm's _call around a backend call that does nothing), the wait not counted: the
                control — it differs from torch by that much Python time per call and nothing else;
@@ -58,7 +59,7 @@ COMPARED = ("commprof", "torch+path", "torch again")
 
 # ---- inside a rank: bench with measure() wrapped ----------------------------------------------------
 class BareTorch:
-    """What bench's prepare() needs of a Comm, each op a direct torch.distributed call (TorchComm's own)."""
+    """What bench's prepare() needs of a Comm, each op a call of torch.distributed's function."""
 
     def __init__(self, comm) -> None:
         from commprof.comm import torch_comm

@@ -274,6 +274,16 @@ class Handle:
             self._end = end
         self._log(end, True)
 
+    def complete_on_stream(self) -> None:
+        """CUDA, from a callback chained on the op's future (`get_future().then`), which runs with current
+        streams that wait on the op: the op ends at an event recorded there. For a caller that never calls
+        wait() — DDP's reducer waits on the future (comm/ddp_reducer.py). A wait() already begun logs instead."""
+        with self._lock:
+            if self._waiting or self._end is not None:
+                return
+            self._end = end = self._comm._now()
+        self._log(end, False)
+
     def _log(self, end, host: bool) -> None:
         comm = self._comm
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))

@@ -54,11 +54,20 @@ class Routed(Backend):
 
 class Logged(Work):
     """What the reducer waits on: the op's future, chained so it completes only once Comm has logged the op
-    (its callback comes first) — a reducer woken by the backend's own future could end the step first."""
+    (on CPU Comm's completion callback comes first) — a reducer woken by the backend's own future could end
+    the step first. On CUDA Comm logs an op at wait(), which the reducer never calls: the chained callback
+    completes it on a stream that waits on the op (Handle.complete_on_stream; not yet run on a GPU)."""
 
     def __init__(self, handle) -> None:
         super().__init__()
-        self._future = handle.get_future().then(lambda done: done.value())
+        if handle._comm.clock.kind == "cuda":
+            def logged(done):
+                handle.complete_on_stream()
+                return done.value()
+        else:
+            def logged(done):
+                return done.value()
+        self._future = handle.get_future().then(logged)
 
     def get_future(self):
         return self._future

@@ -22,6 +22,8 @@ from torch.distributed import distributed_c10d as dist
 from commprof.comm.torch_comm import _OPS, TorchComm
 
 _PG = dist.ProcessGroup
+_WORLD = dist._world
+"""torch's record of its groups: `_default_pg` the default one (an attribute; the function is a call more)."""
 # torch 2.10 renamed the single-tensor methods; the old names stay for older torch
 _ALL_GATHER = getattr(_PG, "all_gather_single", None) or _PG._allgather_base
 _REDUCE_SCATTER = getattr(_PG, "reduce_scatter_single", None) or _PG._reduce_scatter_base
@@ -46,93 +48,102 @@ class GlooComm(TorchComm):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        pg = self._group if self._group is not None else dist._get_default_group()
-        self._pg = pg
-        self._coalescing = dist._world._pg_coalesce_state
+        self._coalescing = _WORLD._pg_coalesce_state
         """torch's calls queued by `_coalescing_manager`, per group (the dict itself: its property is a call)."""
-        self._allreduce, self._bcast, self._reduce_pg = pg.allreduce, pg.broadcast, pg.reduce
-        self._send_pg, self._recv_pg = pg.send, pg.recv
         self._allreduce_opts = _reduce_options(dist.AllreduceOptions)
         self._reduce_scatter_opts = _reduce_options(dist.ReduceScatterOptions)
         self._all_gather_opts = (_options(dist.AllgatherOptions, False), _options(dist.AllgatherOptions, True))
         self._all_to_all_opts = (_options(dist.AllToAllOptions, False), _options(dist.AllToAllOptions, True))
 
-    def _layer(self, *tensors) -> bool:
-        """Whether torch's Python layer has work to do for this call (see the module docstring)."""
-        if self._coalescing:
-            return True
-        return any(t.is_complex() or _has_torch_function_unary(t) for t in tensors)
+    def _process_group(self, *tensors):
+        """The ProcessGroup to call, or None where torch's Python layer has work to do for this call (see the
+        module docstring) or the default group is gone (torch's function then says so)."""
+        if self._coalescing or any(t.is_complex() or _has_torch_function_unary(t) for t in tensors):
+            return None
+        # looked up per call, never held: a Comm sits in a reference cycle with its op log, and a gloo group
+        # that only the cyclic collector frees may be freed at interpreter exit, while gloo's threads still
+        # run — the process then aborts ("terminate called without an active exception")
+        return self._group if self._group is not None else _WORLD._default_pg
 
-    def _all_reduce(self, tensor, op, output, async_op):  # _layer inlined: the op most calls are
-        if output is not None or self._coalescing or tensor.is_complex() or _has_torch_function_unary(tensor):
+    def _all_reduce(self, tensor, op, output, async_op):  # _process_group inlined: the op most calls are
+        pg = self._group if self._group is not None else _WORLD._default_pg
+        if output is not None or pg is None or self._coalescing or tensor.is_complex() \
+                or _has_torch_function_unary(tensor):
             return super()._all_reduce(tensor, op, output, async_op)
-        work = self._allreduce([tensor], self._allreduce_opts[op, async_op])
+        work = pg.allreduce([tensor], self._allreduce_opts[op, async_op])
         if async_op:
             return work
         work.wait()
 
     def _all_gather(self, output, input, async_op):
-        if self._layer(output, input):
+        pg = self._process_group(output, input)
+        if pg is None:
             return super()._all_gather(output, input, async_op)
-        work = _ALL_GATHER(self._pg, output, input, self._all_gather_opts[async_op])
+        work = _ALL_GATHER(pg, output, input, self._all_gather_opts[async_op])
         if async_op:
             return work
         work.wait()
 
     def _reduce_scatter(self, output, input, op, async_op):
-        if self._layer(output, input):
+        pg = self._process_group(output, input)
+        if pg is None:
             return super()._reduce_scatter(output, input, op, async_op)
-        work = _REDUCE_SCATTER(self._pg, output, input, self._reduce_scatter_opts[op, async_op])
+        work = _REDUCE_SCATTER(pg, output, input, self._reduce_scatter_opts[op, async_op])
         if async_op:
             return work
         work.wait()
 
     def _broadcast(self, tensor, src, async_op):
-        if self._layer(tensor):
+        pg = self._process_group(tensor)
+        if pg is None:
             return super()._broadcast(tensor, src, async_op)
-        work = self._bcast([tensor], _options(dist.BroadcastOptions, async_op, rootRank=src, rootTensor=0))
+        work = pg.broadcast([tensor], _options(dist.BroadcastOptions, async_op, rootRank=src, rootTensor=0))
         if async_op:
             return work
         work.wait()
 
     def _reduce(self, tensor, dst, op, output, async_op):
-        if output is not None or self._layer(tensor):
+        pg = self._process_group(tensor)
+        if output is not None or pg is None:
             return super()._reduce(tensor, dst, op, output, async_op)
-        opts = _options(dist.ReduceOptions, async_op, reduceOp=_OPS[op], rootRank=dst)
-        work = self._reduce_pg([tensor], opts)
+        work = pg.reduce([tensor], _options(dist.ReduceOptions, async_op, reduceOp=_OPS[op], rootRank=dst))
         if async_op:
             return work
         work.wait()
 
     def _all_to_all(self, output, input, async_op):
-        if self._layer(output, input):
+        pg = self._process_group(output, input)
+        if pg is None:
             return super()._all_to_all(output, input, async_op)
-        work = _ALL_TO_ALL(self._pg, output, input, [], [], self._all_to_all_opts[async_op])
+        work = _ALL_TO_ALL(pg, output, input, [], [], self._all_to_all_opts[async_op])
         if async_op:
             return work
         work.wait()
 
     def _send(self, tensor, dst, async_op):
-        if self._layer(tensor):
+        pg = self._process_group(tensor)
+        if pg is None:
             return super()._send(tensor, dst, async_op)
-        work = self._send_pg([tensor], dst, 0)
+        work = pg.send([tensor], dst, 0)
         if async_op:
             return work
         work.wait()
 
     def _recv(self, tensor, src, async_op):
-        if self._layer(tensor):
+        pg = self._process_group(tensor)
+        if pg is None:
             return super()._recv(tensor, src, async_op)
-        work = self._recv_pg([tensor], src, 0)
+        work = pg.recv([tensor], src, 0)
         if async_op:
             return work
         work.wait()
 
     def _sendrecv(self, send_tensor, recv_tensor, dst, src, async_op):
-        if (dst == self.rank and src == self.rank) or self._layer(send_tensor, recv_tensor):
+        pg = self._process_group(send_tensor, recv_tensor)
+        if (dst == self.rank and src == self.rank) or pg is None:
             return super()._sendrecv(send_tensor, recv_tensor, dst, src, async_op)
         # the receive posted first, as TorchComm's does (gloo's order for one pair)
-        works = [self._recv_pg([recv_tensor], src, 0), self._send_pg([send_tensor], dst, 0)]
+        works = [pg.recv([recv_tensor], src, 0), pg.send([send_tensor], dst, 0)]
         if async_op:
             return works
         for work in works:

@@ -115,7 +115,7 @@ class Interposer:
         ranks = c10d.get_process_group_ranks(pg)
         world = pg is c10d._get_default_group()
         comm = comm_class(backend)(backend=backend, group=None if world else pg, ranks=ranks, control_group=None,
-                         device=device, clock=self.recorder.clock, recorder=self.recorder)
+                                   device=device, clock=self.recorder.clock, recorder=self.recorder)
         comm.label = "world" if world else _label(ranks)
         self._comms[id(pg)] = (pg, comm)
         return comm

@@ -146,7 +146,7 @@ class TorchComm(Comm):
         if dist.get_rank() not in members:
             return None
         sub = type(self)(backend=self.backend, group=group, ranks=members, control_group=control,
-                        device=self.device, clock=self.clock, recorder=self.recorder)
+                         device=self.device, clock=self.clock, recorder=self.recorder)
         sub.label, sub.timeout_s, sub.fault = label, self.timeout_s, self.fault
         return sub
 

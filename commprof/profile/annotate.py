@@ -123,7 +123,7 @@ class Annotator:
 
     def push(self, label: Label) -> None:
         if self._trace is not None:  # stamped just before the push, as the pop is just before the pop:
-            self.trace.begin(label, time.perf_counter_ns())  # both sides then carry the same call cost
+            self._trace.begin(label, time.perf_counter_ns())  # both sides then carry the same call cost
         self.domain.push_range(label.attrs)
 
     def pop(self) -> None:

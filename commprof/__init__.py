@@ -10,7 +10,8 @@ A script run under `commprof profile` may mark its own iterations and phases: `c
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
   errors, world, measurement, backends,    what a job is, what every figure means, what each backend
-  flags, job                               can run (named before any rank loads torch)
+  flags, job, deadline                     can run (named before any rank loads torch); a
+                                           start-up deadline that needs no interpreter
   report/                                  tables, atomic JSON/CSV, the env block, plots, comparisons,
                                            `commprof report`
   profile/                                 clocks, the op log, phases, volume, NVTX, traces

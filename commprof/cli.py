@@ -17,7 +17,7 @@ import sys
 from typing import NoReturn
 
 from commprof import __version__, job, sweep
-from commprof.errors import CommprofError, UnsupportedError, UsageError
+from commprof.errors import CommprofError, PeerError, UnsupportedError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,6 +108,8 @@ def call(func, args: argparse.Namespace) -> int:
         _say(f"{exc}", rank)  # the same on every rank: rank 0 says it
         code = exc.exit_code
     except CommprofError as exc:
+        if isinstance(exc, PeerError):
+            job.defer_to_launcher()
         _fail(exc.exit_code, f"{exc}", rank)  # rank-specific: already names the rank
     except KeyboardInterrupt:
         code = 130

@@ -24,6 +24,9 @@ from commprof.errors import PeerTimeoutError
 
 ENV = "COMMPROF_JOB_DIR"
 FAILURE = "failure.json"
+LAUNCHER_FIRST_S = 0.5
+"""How long a rank that lost a peer waits before it claims the job's failure: commprof's launcher, which sees
+how the peer ended (a signal, a stop), names it better than the rank can."""
 
 
 def folder() -> Path | None:
@@ -47,6 +50,12 @@ def claim(code: int, message: str, rank: int | None, where: Path | None = None) 
     with os.fdopen(fd, "w") as f:
         json.dump({"code": code, "message": message, "rank": rank}, f)
     return True
+
+
+def defer_to_launcher() -> None:
+    """Before a rank claims a peer's failure: give commprof's launcher, if there is one, the first word."""
+    if folder() is not None:
+        time.sleep(LAUNCHER_FIRST_S)
 
 
 def failure(where: Path) -> dict | None:

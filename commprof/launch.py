@@ -6,7 +6,10 @@ rendezvous on 127.0.0.1 at a free port. mpi: mpiexec -n N (the mpich wheel's, ne
 the system's). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
 recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by
 a signal is named ("rank 1 was killed by SIGKILL") and the job exits 3. Once a failure is known the other
-ranks get GRACE_S to finish theirs, then every rank still alive is stopped, mpiexec's or not. A failed job's
+ranks get GRACE_S to finish theirs, then every rank still alive is stopped, mpiexec's or not; a rank that
+is stopped (SIGSTOP, Ctrl-Z of its own) cannot finish anything and is killed at once. The launcher is also
+the job's last backstop: a rank stopped for --timeout is the job's failure (exit 3, the rank named) whatever
+its peers are blocked in — rank 0 too, whose store the peers' control plane needs. A failed job's
 --json is marked incomplete with the reason and its --trace merged from the per-rank files.
 COMMPROF_RANK_WRAPPER (a command line, `{rank}` replaced by the rank) is put in front of every rank's
 command — how `commprof nsys` gives each rank its own Nsight report. Exercised by:
@@ -43,10 +46,11 @@ def _on_term(signum, frame):
     raise _Terminated
 
 
-def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, json_path: str | None = None,
-           trace_dir: str | None = None, huge_pages: bool = True) -> int:
-    """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code. `huge_pages` False leaves
-    torch's CPU allocator as the environment has it (`profile`: the script runs as its user runs it)."""
+def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, timeout_s: float,
+           json_path: str | None = None, trace_dir: str | None = None, huge_pages: bool = True) -> int:
+    """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code. `timeout_s`: how long a
+    rank may stay stopped. `huge_pages` False leaves torch's CPU allocator as the environment has it
+    (`profile`: the script runs as its user runs it)."""
     signal.signal(signal.SIGTERM, _on_term)
     # Ctrl-C (SIGINT) ends the job even where the shell started commprof with SIGINT ignored (`cmd &` in
     # a script does): the launcher owns the job's signals, as torchrun's agent does.
@@ -67,7 +71,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, j
     try:
         if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment
             code = _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
-                            oversubscribed, folder)
+                            oversubscribed, folder, timeout_s)
         else:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                        LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
@@ -76,7 +80,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, j
                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
                 for r in range(nproc)
             ]
-            code = _supervise(children, folder, ranks=list(range(nproc)))
+            code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s)
     finally:
         _stop_pids(folder)
         if code:
@@ -97,7 +101,8 @@ def find_mpiexec() -> str:
     return found
 
 
-def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, folder: Path) -> int:
+def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, folder: Path,
+             timeout_s: float) -> int:
     mpiexec = find_mpiexec()
     flags = []
     if oversubscribed:
@@ -109,7 +114,7 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
     banners: list[tuple[int, int]] = []
     relay = threading.Thread(target=_relay, args=(proc.stdout, banners), daemon=True)
     relay.start()
-    code = _supervise([proc], folder, ranks=None)
+    code = _supervise([proc], folder, ranks=None, timeout_s=timeout_s)
     relay.join(timeout=5)
     if code and job.failure(folder) is None and banners:
         # no rank said anything: the first process mpiexec saw end badly was killed or crashed
@@ -156,10 +161,12 @@ def _write(out, data: bytes) -> None:
         pass
 
 
-def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[int] | None) -> int:
-    """Wait for every child; once a failure is known, stop the rest after GRACE_S. `ranks`: the rank of
-    each child, or None for one mpiexec that holds them all."""
+def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[int] | None,
+               timeout_s: float) -> int:
+    """Wait for every child; once a failure is known, stop the rest after GRACE_S (a stopped rank at once).
+    `ranks`: the rank of each child, or None for one mpiexec that holds them all."""
     failed_at = None
+    stopped = _StoppedRanks(folder, timeout_s)
     try:
         while any(p.poll() is None for p in children):
             if failed_at is None:
@@ -169,11 +176,17 @@ def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[in
                         failed_at = time.monotonic()
                         if ranks is not None and rc < 0:
                             _death(f"rank {ranks[i]}", rc, folder)
+                rank = stopped.overdue()
+                if rank is not None:
+                    _claim(f"rank {rank} was stopped (SIGSTOP) and did not resume within {timeout_s:g} s "
+                           f"(--timeout)", folder)
                 if job.failure(folder) is not None:
                     failed_at = time.monotonic()
             elif time.monotonic() - failed_at > GRACE_S:
                 _stop(children)
                 _stop_pids(folder)
+            else:
+                stopped.kill()  # it cannot report anything: do not wait GRACE_S for it
             time.sleep(0.05)
     except KeyboardInterrupt:
         _stop(children)
@@ -202,16 +215,62 @@ def _death(who: str, rc: int, folder: Path) -> int:
         message = f"{who} was killed by {signal.Signals(-rc).name}"
     else:
         message = f"{who} ended without saying why (exit status {rc})"
+    return _claim(message, folder)
+
+
+def _claim(message: str, folder: Path) -> int:
+    """The launcher's own verdict (exit 3), said if it is the job's first failure."""
     if job.claim(3, message, None, folder):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
     return 3
 
 
+class _StoppedRanks:
+    """The job's ranks in the stopped state (SIGSTOP, SIGTSTP: 'T' in /proc/PID/stat; a debugger's stop,
+    't', is left alone), and since when. A stopped rank holds its peers in their ops, and when it is
+    rank 0 it holds the store their control plane speaks over: only the launcher can see it and end the job."""
+
+    def __init__(self, folder: Path, timeout_s: float) -> None:
+        self._folder, self._timeout_s = folder, timeout_s
+        self._since: dict[int, float] = {}
+        self._pids: dict[int, int] = {}
+
+    def _poll(self) -> dict[int, float]:
+        now = time.monotonic()
+        self._pids = job.pids(self._folder)
+        for rank, pid in self._pids.items():
+            if _state(pid) == "T":
+                self._since.setdefault(rank, now)
+            else:
+                self._since.pop(rank, None)
+        return self._since
+
+    def overdue(self) -> int | None:
+        """The rank stopped first, if it has been stopped for longer than the timeout."""
+        late = [(since, rank) for rank, since in self._poll().items()
+                if time.monotonic() - since > self._timeout_s]
+        return min(late)[1] if late else None
+
+    def kill(self) -> None:
+        for rank in self._poll():
+            _kill_rank(self._folder, self._pids[rank])
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter of `pid` (R, S, D, T, t, Z, …), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:][:1] or None
+
+
 def _stop(children: list[subprocess.Popen]) -> None:
     for p in children:
         if p.poll() is None:
-            p.terminate()
+            # SIGTERM waits in a stopped process's queue until it resumes: kill that one outright
+            p.kill() if _state(p.pid) == "T" else p.terminate()
     deadline = time.monotonic() + 2.0
     for p in children:
         try:
@@ -224,13 +283,17 @@ def _stop(children: list[subprocess.Popen]) -> None:
 def _stop_pids(folder: Path) -> None:
     """Kill every rank of this job that is still there (a stopped one outlives mpiexec's SIGTERM); a pid
     counts as this job's only while its environment names the job folder, so a reused pid is left alone."""
-    mark = f"{job.ENV}={folder}".encode()
     for pid in job.pids(folder).values():
-        try:
-            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        _kill_rank(folder, pid)
+
+
+def _kill_rank(folder: Path, pid: int) -> None:
+    """SIGKILL `pid` if it is still a rank of this job (its environment names the job folder)."""
+    try:
+        if f"{job.ENV}={folder}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _salvage(folder: Path, code: int, json_path: str | None, trace_dir: str | None) -> None:

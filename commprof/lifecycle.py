@@ -105,7 +105,7 @@ def main(command: Command, args: argparse.Namespace) -> int:
     cfg, nproc, have = _plan(command, args)
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
-                             json_path=cfg.out.json, trace_dir=cfg.out.trace)
+                             timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace)
     return run_rank(command, cfg, world, have)
 
 

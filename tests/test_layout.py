@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
-    ("errors", "world", "measurement", "backends", "flags", "job"),
+    ("errors", "world", "measurement", "backends", "flags", "job", "deadline"),
     ("report",),
     ("profile",),
     ("comm",),

@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
+from contextlib import contextmanager
 from typing import NoReturn
 
 import torch
 
-from commprof import job
+from commprof import deadline, job
 from commprof.backends import (BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots,
                                 unsupported)
 from commprof.comm import gloo_comm, mpi_comm
@@ -41,13 +43,16 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
         fault.start()
     # before MPI_Init or a rendezvous: both hold the interpreter, so no watchdog could see a stopped peer
     job.check_in(world.rank, world.world_size, timeout_s=timeout_s)
-    if backend == "mpi":
-        comm = _init_mpi(world, oversubscribed)
-        comm.timeout_s = timeout_s
-        if world.world_size > 1:
-            comm.control = _mpi_control(world)
-    else:
-        comm = _init_torch(world, backend, timeout_s)
+    with deadline.guard("MPI_Init" if backend == "mpi" else "the rendezvous", timeout_s=timeout_s, rank=world.rank):
+        if fault is not None:
+            fault.start("init")
+        if backend == "mpi":
+            comm = _init_mpi(world, oversubscribed)
+            comm.timeout_s = timeout_s
+            if world.world_size > 1:
+                comm.control = _mpi_control(world)
+        else:
+            comm = _init_torch(world, backend, timeout_s)
     comm.fault = fault
     _OPENED.append(backend)
     return comm
@@ -106,8 +111,10 @@ def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
         device, clock = torch.device("cpu"), CpuClock()
     addr, port = _rendezvous(world)
     try:
-        comm = gloo_comm.comm_class(backend).init(backend=backend, rank=world.rank, world_size=world.world_size,
-                                                  addr=addr, port=port, timeout_s=timeout_s, device=device, clock=clock)
+        with _held_stderr():
+            comm = gloo_comm.comm_class(backend).init(backend=backend, rank=world.rank, world_size=world.world_size,
+                                                      addr=addr, port=port, timeout_s=timeout_s, device=device,
+                                                      clock=clock)
     except (RuntimeError, ValueError) as exc:  # DistStoreError and friends: peers never arrived
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
@@ -116,6 +123,26 @@ def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
     if world.world_size > 1:  # a second client of the rendezvous store, for the watchdog thread alone
         comm.control = ControlPlane.connect(host=addr, port=port, rank=world.rank, world_size=world.world_size)
     return comm
+
+
+@contextmanager
+def _held_stderr():
+    """This process's stderr held in a file for the block: c10d logs a failed rendezvous with a C++ stack, at
+    the ERROR level that TORCH_CPP_LOG_LEVEL=ERROR still shows. Written out when the block ends well; left
+    out when it raises, where the rank's one line says what happened."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        text = held.read()
+        if text:
+            os.write(2, text)
 
 
 def _mpi_control(world: World) -> ControlPlane:

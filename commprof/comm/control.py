@@ -9,27 +9,42 @@ others where over MPI, once, at start. Keys (all under `commprof/`):
   verdict        the winner's conclusion — exit code and one line — that every rank exits with
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
   done/<rank>    a rank ended well and stopped watching (rank 0 waits for these before the store goes)
-Exercised by: `pytest tests/test_failures.py`.
+
+Every store call is bounded: a TCPStore call to a host that is stopped (SIGSTOP) or frozen blocks far past
+the store's own timeout — its kernel still accepts the bytes, nobody answers. Each call therefore runs on a
+thread of its own and is given up after REPLY_S; from then on the plane is `gone` and every call fails at
+once, so no deadline of the watchdog ever waits on rank 0. Exercised by: `pytest tests/test_failures.py`.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
-"""A store op that takes longer means rank 0 (the store's host) is stopped or gone."""
+"""The TCPStore's own timeout (connecting, and the waits it bounds itself)."""
+REPLY_S = 2.0
+"""A store call unanswered for this long means rank 0 (the store's host) is stopped or gone: a healthy store
+answers in well under a millisecond, a busy machine's in tens."""
+
+
+class Unreachable(Exception):
+    """Rank 0's store did not answer within REPLY_S (or an earlier call already found it so)."""
 
 
 class ControlPlane:
     """Claim, exchange snapshots and agree on a verdict, over a TCPStore client of this rank's own."""
 
     def __init__(self, store, *, rank: int, world_size: int) -> None:
-        self._store = store
+        self._raw = store
         self.rank = rank
         self.world_size = world_size
+        self.gone = False
+        """True once a call went unanswered: the store's host is stopped or dead."""
+        self._store = _Bounded(self)
 
     @classmethod
     def connect(cls, *, host: str, port: int, rank: int, world_size: int, serve: bool = False) -> "ControlPlane":
@@ -42,7 +57,7 @@ class ControlPlane:
 
     @property
     def port(self) -> int:
-        return self._store.port
+        return self._raw.port
 
     def claim(self, code: int, message: str) -> bool:
         """True when this rank is the first to claim a failure for the job."""
@@ -102,3 +117,37 @@ class ControlPlane:
             keys = [k for k in keys if not self._store.check([k])]
             if keys:
                 time.sleep(0.02)
+
+
+class _Bounded:
+    """The store's methods, each called on a daemon thread and given up after REPLY_S (the thread, blocked
+    in C with the GIL released, is left behind; it ends with the process)."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self._plane = plane
+
+    def __getattr__(self, name: str):
+        method = getattr(self._plane._raw, name)
+
+        def call(*args):
+            if self._plane.gone:
+                raise Unreachable(f"rank 0's store is unreachable ({name})")
+            box: dict = {}
+
+            def run() -> None:
+                try:
+                    box["value"] = method(*args)
+                except BaseException as exc:  # handed to the caller below
+                    box["error"] = exc
+
+            thread = threading.Thread(target=run, name="commprof-control", daemon=True)
+            thread.start()
+            thread.join(REPLY_S)
+            if thread.is_alive():
+                self._plane.gone = True
+                raise Unreachable(f"rank 0's store did not answer {name} within {REPLY_S:g} s")
+            if "error" in box:
+                raise box["error"]
+            return box["value"]
+
+        return call

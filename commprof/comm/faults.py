@@ -10,7 +10,8 @@ KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hu
 rank   which rank (default 0)
 op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
 seq    fire at the N-th such op this rank issues, 1-based (default 1)
-at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op
+at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op;
+       `init`: after the check-in, just before MPI_Init or the rendezvous (where the start-up deadline holds)
 
     COMMPROF_FAULT=stall:rank=1:seq=5 commprof bench --nproc 2 --timeout 3
     COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
@@ -45,7 +46,7 @@ class Fault:
     seq: int = 1
     """Fire at the seq-th counted op."""
     at: str = "op"
-    """'op' (at an op) or 'start' (before check-in)."""
+    """'op' (at an op), 'start' (before check-in) or 'init' (before MPI_Init or the rendezvous)."""
     signal: str = "KILL"
     """The signal `die` sends."""
 
@@ -69,8 +70,8 @@ def parse(spec: str) -> list[Fault]:
             else:
                 raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, at, signal")
         fault = Fault(kind, **values)
-        if fault.at not in ("op", "start"):
-            raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start' or leave it out")
+        if fault.at not in ("op", "start", "init"):
+            raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start', 'init' or leave it out")
         if fault.seq < 1:
             raise UsageError(f"{ENV}: seq={fault.seq} in {part!r} must be at least 1")
         if not hasattr(signal, "SIG" + fault.signal):
@@ -92,10 +93,10 @@ class Injector:
         faults = [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
         return cls(faults) if faults else None
 
-    def start(self) -> None:
-        """Fire the faults meant for start-up."""
+    def start(self, at: str = "start") -> None:
+        """Fire the faults meant for this point of start-up: 'start' or 'init'."""
         for fault in self._faults:
-            if fault.at == "start":
+            if fault.at == at:
                 _fire(fault, None, 0, None)
 
     def __call__(self, comm, name: str, nbytes: int, dtype) -> None:

@@ -1,7 +1,10 @@
 """Watchdog: how a rank's failure becomes the job's one line and one exit code.
 
-A daemon thread samples every Comm's busy state (two attribute stores per op on the hot path). An op
-busy for longer than --timeout, or a CommprofError leaving the `with Watchdog(...)` block, is a failure:
+A daemon thread, the timer, samples every Comm's busy state (two attribute stores per op on the hot path);
+a second one, the listener, polls the control plane for a peer's claim. The timer never touches the
+network, so no peer — not even rank 0 stopped with the store — can hold its deadline back; every control-
+plane call is bounded as well (comm/control.py). An op busy for longer than --timeout, or a CommprofError
+leaving the `with Watchdog(...)` block, is a failure:
 
   1. the rank claims it on the control plane (comm/control.py); if a peer claimed first, this rank only
      answers: it posts its flight record and exits, quietly, with the peer's verdict;
@@ -30,9 +33,6 @@ from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 
 ANSWER_S = 2.0
 """How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
-LAUNCHER_FIRST_S = 0.5
-"""A peer vanished with rank 0's store: commprof's launcher, which sees how it ended (a signal, …), names
-it better than this rank can; give it the time to claim the job's failure first."""
 
 
 class Watchdog:
@@ -48,20 +48,26 @@ class Watchdog:
         self._salvage: list = []
         self._stop = threading.Event()
         self._failing = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="commprof-watchdog", daemon=True)
+        self._threads = [threading.Thread(target=self._time, name="commprof-watchdog", daemon=True),
+                         threading.Thread(target=self._listen, name="commprof-listener", daemon=True)]
 
     def on_failure(self, fn) -> None:
         """Call `fn(code, message)` before the process exits on a failure (write what was measured)."""
         self._salvage.append(fn)
 
     def __enter__(self) -> "Watchdog":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
+
+    def _join(self) -> None:
+        for thread in self._threads:
+            thread.join()
 
     def __exit__(self, kind, exc, tb) -> bool:
         self._stop.set()
         if exc is None:
-            self._thread.join()
+            self._join()
             if self._comm.control is not None:  # a clean end: let rank 0's store go only once unwatched
                 try:
                     self._comm.control.close(within_s=self._timeout_s)
@@ -70,14 +76,14 @@ class Watchdog:
             return False
         if isinstance(exc, CommprofError):
             self.fail(exc)  # does not return
-        # Ctrl-C, or a bug: save what was measured and let the exception go on, this thread ended first
-        self._thread.join()
+        # Ctrl-C, or a bug: save what was measured and let the exception go on, the threads ended first
+        self._join()
         self._run_salvage(130 if isinstance(exc, KeyboardInterrupt) else 1,
                           "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}")
         return False
 
-    # ---- the watching thread ----------------------------------------------------------------------
-    def _run(self) -> None:
+    # ---- the watching threads ---------------------------------------------------------------------
+    def _time(self) -> None:
         seen: dict[int, tuple] = {}
         while not self._stop.wait(self._poll_s):
             now = time.monotonic()
@@ -90,14 +96,18 @@ class Watchdog:
                     self.fail(PeerTimeoutError(
                         f"rank {self._rank}: {busy} did not complete within {self._timeout_s:g} s "
                         "(--timeout): a peer rank stalled or died"))
+
+    def _listen(self) -> None:
+        while not self._stop.wait(self._poll_s):
             control = self._comm.control
-            if control is not None and not self._stop.is_set():
-                try:
-                    claim = control.claimed()
-                except Exception:  # rank 0, the store's host, is gone: our own timeout will tell
-                    claim, self._comm.control = None, None
-                if claim is not None and claim["rank"] != self._rank:
-                    self._answer(claim)
+            if control is None:
+                return
+            try:
+                claim = control.claimed()
+            except Exception:  # rank 0, the store's host, is stopped or gone: the timer will tell
+                return
+            if claim is not None and claim["rank"] != self._rank and not self._stop.is_set():
+                self._answer(claim)
 
     # ---- failing --------------------------------------------------------------------------------
     def fail(self, err: CommprofError) -> None:
@@ -116,8 +126,10 @@ class Watchdog:
                 code, message = _verdict(code, message, states, control.world_size, self._rank)
             except Exception:  # the control plane is gone with rank 0: say what this rank saw
                 control = None
+                if self._rank != 0:
+                    message += "; rank 0 did not answer on the control plane"
                 if isinstance(err, PeerError):
-                    time.sleep(LAUNCHER_FIRST_S)
+                    job.defer_to_launcher()
         # Said and saved before the verdict goes out: the answering ranks exit on it, and mpiexec may then
         # stop this one at once.
         self._leave(code, message, speak=True)

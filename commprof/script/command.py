@@ -107,7 +107,8 @@ def main(args: argparse.Namespace) -> int:
     nproc = cfg.nproc if cfg.nproc is not None else max(2, have)
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
-                             json_path=cfg.out.json, trace_dir=cfg.out.trace, huge_pages=False)
+                             timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
+                             huge_pages=False)
     from commprof.script.rank import run_rank
 
     return run_rank(cfg, world)

@@ -1,0 +1,144 @@
+"""A stopped rank — rank 0 too, whose process serves the control plane's store — ends the job within
+--timeout + 5 s of the stop, with exit 3 and one line naming it: under commprof's launcher (which sees the
+stopped process) and under a bare mpiexec (where the peers' watchdog and the start-up deadline hold without
+rank 0's store and without the interpreter), mid-sweep and during start-up (MPI_Init, the rendezvous).
+The stop is a real SIGSTOP (COMMPROF_FAULT=stop sends it to the rank itself); the time is taken from the
+moment the test first sees the process stopped."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from spawn import env_for_tests, kill_session, processes
+from commprof.launch import find_mpiexec
+
+TIMEOUT = 3
+SWEEP = ["bench", "all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "20", "-w", "1", "--timeout", str(TIMEOUT)]
+LIMIT_S = TIMEOUT + 5
+"""What the job may take from the stop to its end (the start-up deadline adds its 2 s of slack within it)."""
+
+
+def _stopped(tag: str) -> bool:
+    for pid in processes("COMMPROF_TEST_TAG", tag):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:][:1] == "T":
+            return True
+    return False
+
+
+def run_until_stopped(command: list[str], fault: str) -> tuple[int, str, float]:
+    """Run `command` with `fault`; (exit code, stderr, seconds from the first sight of a stopped rank to the
+    end). Output goes to files: a pipe nobody reads must not be what holds a rank."""
+    tag = uuid.uuid4().hex
+    env = env_for_tests(COMMPROF_FAULT=fault, COMMPROF_TEST_TAG=tag)
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline, stopped_at = time.monotonic() + 120, None
+            while proc.poll() is None and time.monotonic() < deadline:
+                if stopped_at is None and _stopped(tag):
+                    stopped_at = time.monotonic()
+                time.sleep(0.02)
+            ended = time.monotonic()
+            assert proc.poll() is not None, "the job did not end"
+        finally:
+            kill_session(proc)
+        err.seek(0)
+        text = err.read()
+    assert stopped_at is not None, text[-3000:]
+    time.sleep(0.5)
+    assert not processes("COMMPROF_TEST_TAG", tag)  # the stopped rank too
+    return proc.returncode, text, ended - stopped_at
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commprof: error: "), text[-3000:]
+    return lines[0][len("commprof: error: "):]
+
+
+def launcher(backend: str) -> list[str]:
+    return [sys.executable, "-m", "commprof", *SWEEP, "--backend", backend, "--nproc", "2"]
+
+
+def bare_mpiexec(backend: str) -> list[str]:
+    return [find_mpiexec(), "-n", "2", sys.executable, "-m", "commprof", *SWEEP, "--backend", backend]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_stopped_mid_sweep_is_named_by_the_launcher(backend, rank):
+    code, err, took = run_until_stopped(launcher(backend), f"stop:rank={rank}:seq=6")
+    assert code == 3, err[-3000:]
+    assert one_line(err) == f"rank {rank} was stopped (SIGSTOP) and did not resume within {TIMEOUT} s (--timeout)"
+    assert took < LIMIT_S, took
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_rank_0_stopped_mid_sweep_under_a_bare_mpiexec(backend):
+    code, err, took = run_until_stopped(bare_mpiexec(backend), "stop:rank=0:seq=6")
+    # rank 1 exits 3; Hydra then kills the stopped rank 0 and returns the code of the end it reaps first:
+    # usually 3, 9 (SIGKILL) when rank 0's comes first
+    assert code in (3, 9), err[-3000:]
+    line = one_line(err)
+    assert line.startswith(f"rank 1: ") and f"did not complete within {TIMEOUT} s (--timeout)" in line, line
+    assert line.endswith("; rank 0 did not answer on the control plane"), line
+    assert took < LIMIT_S, took
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_stopped_in_start_up_under_a_bare_mpiexec(backend, rank):
+    # stopped after its imports, right before MPI_Init / the rendezvous: its peer waits there holding the
+    # interpreter, where only the start-up deadline (commprof/deadline.py) can end it
+    code, err, took = run_until_stopped(bare_mpiexec(backend), f"stop:rank={rank}:at=init")
+    assert code != 0, err[-3000:]
+    assert one_line(err) == (f"rank {rank} was stopped (SIGSTOP) during start-up and did not resume within "
+                             f"{TIMEOUT + 2} s (--timeout + 2 s)")
+    assert took < LIMIT_S, took
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_a_rank_stopped_in_start_up_is_named_by_the_launcher(backend):
+    code, err, took = run_until_stopped(launcher(backend), "stop:rank=0:at=init")
+    assert code == 3, err[-3000:]
+    assert one_line(err) == f"rank 0 was stopped (SIGSTOP) and did not resume within {TIMEOUT} s (--timeout)"
+    assert took < LIMIT_S, took
+
+
+def test_the_start_up_deadline_ends_a_waiting_rank_with_exit_3(tmp_path):
+    # the deadline alone, on a call that holds the GIL (a busy C loop in a regex): a thread could not end it
+    script = ("import re; from commprof import deadline\n"
+              "with deadline.guard('MPI_Init', timeout_s=0.5, rank=1):\n"
+              "    re.match(r'(a+)+$', 'a' * 40 + 'b')\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert one_line(proc.stderr) == ("rank 1: MPI_Init did not complete within 2.5 s (--timeout + 2 s): a peer "
+                                     "rank stalled or died during start-up")
+    assert time.monotonic() - start < 30
+
+
+def test_the_start_up_deadline_leaves_quietly_when_the_call_returns():
+    # past the deadline and its slack, the rank lives on and SIGQUIT is what it was (libc's view: SIG_DFL)
+    script = ("import ctypes, signal, time; from commprof import deadline\n"
+              "with deadline.guard('MPI_Init', timeout_s=0.2, rank=0):\n"
+              "    pass\n"
+              "time.sleep(3.5)\n"
+              "libc = ctypes.CDLL(None); libc.signal.restype = ctypes.c_void_p\n"
+              "libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)\n"
+              "print(libc.signal(signal.SIGQUIT, None) is None)\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "True", "")

@@ -83,9 +83,11 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s)
     finally:
         _stop_pids(folder)
-        if code:
-            _salvage(folder, code, json_path, trace_dir)
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if code:
+                _salvage(folder, code, json_path, trace_dir)
+        finally:  # the job folder goes whatever the salvage met
+            shutil.rmtree(folder, ignore_errors=True)
     return code
 
 

@@ -89,6 +89,7 @@ def configure(command: Command, args: argparse.Namespace) -> tuple[Config, int]:
 
 def _plan(command: Command, args: argparse.Namespace) -> tuple[Config, int, int]:
     cfg = command.build_config(args)
+    cfg.out.check()
     have = slots(cfg.backend)
     nproc = command.local_ranks(cfg, have)
     command.check_world(cfg, nproc)
@@ -100,6 +101,7 @@ def main(command: Command, args: argparse.Namespace) -> int:
     world = discover()
     if world.launched:
         cfg = command.build_config(args)
+        cfg.out.check()
         command.check_world(cfg, world.world_size)
         return run_rank(command, cfg, world, slots(cfg.backend))
     cfg, nproc, have = _plan(command, args)

@@ -124,6 +124,10 @@ def main(request: tuple[str, list[str]]) -> int:
                          "run it without torchrun, mpiexec or srun")
     grid = grid_flags(command, argv)
     base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
+    from commprof.report.files import check_outputs
+
+    check_outputs({f: outputs.get(f) for f in ("--json", "--csv")},
+                  {f: outputs.get(f) for f in ("--plot", "--trace")})
     link = _link_rate(command, outputs)
     runnable, skipped = check(command, base, grid)
     from rich.console import Console

@@ -265,7 +265,7 @@ class _Sink:
         where = "" if self.layout.whole else f" · {ranks_label(ranks_key(records[0]))}"
         self.progress.update(self.task, advance=1,
                              description=f"{point.collective.name} {point.dtype or ''} {point.count} el.{where}")
-        self._write(complete=False, reason="running", sync=False)  # a rank killed next loses nothing
+        self._write(complete=False, reason="running", snapshot=True)  # a rank killed next loses nothing
 
     def _flush(self) -> None:
         name, algo = self.current[0]["collective"], self.current[0]["algo"]
@@ -280,11 +280,12 @@ class _Sink:
         self.progress.start()
         self.current = []
 
-    def _write(self, *, complete: bool, reason: str | None = None, sync: bool = True) -> None:
+    def _write(self, *, complete: bool, reason: str | None = None, snapshot: bool = False) -> None:
         if self.cfg.out.json:
-            files.write_json(self.cfg.out.json, self.env, self.results, complete=complete, reason=reason, sync=sync)
+            files.write_json(self.cfg.out.json, self.env, self.results, complete=complete, reason=reason,
+                             snapshot=snapshot)
         if self.cfg.out.csv:
-            files.write_csv(self.cfg.out.csv, self.results, sync=sync)
+            files.write_csv(self.cfg.out.csv, self.results, snapshot=snapshot)
 
     def close(self) -> None:
         if self.current:

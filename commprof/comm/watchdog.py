@@ -166,7 +166,8 @@ class Watchdog:
             try:
                 fn(code, message)
             except Exception as exc:  # salvage is best effort: never let it hide the failure
-                sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: {exc}\n")
+                if str(exc) not in message:  # the failure itself (a file that cannot be written) is said once
+                    sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: {exc}\n")
 
     def _leave(self, code: int, message: str, *, speak: bool) -> None:
         """Flight record dumped, results saved; the claimant records the job's failure and says it (an

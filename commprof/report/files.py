@@ -1,5 +1,11 @@
 """JSON and CSV reports, written atomically: a temp file in the same folder, fsync, then rename, so a
-killed run leaves either the previous complete file or the new one, never half a file.
+killed run leaves either the previous complete file or the new one, never half a file. Only a regular file
+(or a new path) is replaced so: a device, a FIFO or a socket (/dev/null, /dev/stdout, a named pipe) is
+written through, and a symlink is followed to the file it names. A written file gets the mode an ordinary
+`open()` would give it (0666 less the umask; an existing file keeps its own).
+
+`check_outputs` checks every output path of a command before any rank starts: a folder where a file is
+wanted, a parent that is a file, a folder that cannot be written in, two flags naming one file.
 
 Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py`.
 """
@@ -10,22 +16,49 @@ import csv
 import io
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from commprof.errors import CommprofError, UsageError
+
+
+class OutputError(CommprofError):
+    """A result file could not be written (a full disk, a device that refuses): exit 1."""
 
 CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "group_size", "groups", "dtype", "redop", "root",
                "inplace", "nbytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank",
                "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
 
 
-def write_atomic(path: str | Path, text: str, *, sync: bool = True) -> None:
+def write_atomic(path: str | Path, text: str, *, sync: bool = True, snapshot: bool = False) -> None:
     """Replace `path` by `text` in one rename. `sync` False skips the fsync: still whole after a killed
-    process, only not after a crash of the machine — for the snapshots rewritten while a run goes."""
-    path = Path(path)
+    process, only not after a crash of the machine. `snapshot`: the results of a run still going, rewritten
+    as it goes — skipped for a device or a pipe, which take the final document only (a FIFO's reader sees
+    one document). Raises OutputError (one line naming the file) when it cannot be written."""
+    real = Path(os.path.realpath(path))
+    if snapshot and real.exists() and not real.is_file():
+        return
+    try:
+        _write(real, text, sync)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write(path: Path, text: str, sync: bool) -> None:  # a symlink's target is what gets replaced, not the link
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w") as f:  # a device or a pipe: written through, never replaced
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -37,19 +70,76 @@ def write_atomic(path: str | Path, text: str, *, sync: bool = True) -> None:
         raise
 
 
+def _umask() -> int:
+    try:  # read, where Linux tells it, rather than set and reset: another thread may be creating a file
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_outputs(files: dict[str, str | None], folders: dict[str, str | None] | None = None) -> None:
+    """Raise UsageError, one line naming the flag, unless every given path can be written: `files` and
+    `folders` map a flag (--json, --trace, …) to its path or None. Nothing is created."""
+    folders = folders or {}
+    seen: dict[str, tuple[str, str]] = {}
+    for flag, value in [*files.items(), *folders.items()]:
+        if value is None:
+            continue
+        if value == "":
+            raise UsageError(f"{flag}: the path is empty")
+        folder = flag in folders
+        real = os.path.realpath(value)
+        if real in seen and not folder and seen[real][0] not in folders:
+            first = " ".join(seen[real]) if seen[real][1] != value else seen[real][0]
+            raise UsageError(f"{first} and {flag} {value} name one file: give each its own")
+        seen.setdefault(real, (flag, value))
+        if os.path.exists(real):
+            is_dir = os.path.isdir(real)
+            if folder and not is_dir:
+                raise UsageError(f"{flag} {value}: is a file, not a folder")
+            if not folder and is_dir:
+                raise UsageError(f"{flag} {value}: is a folder, not a file")
+            if folder or stat.S_ISREG(os.stat(real).st_mode):  # a device or a pipe is written through
+                _writable(flag, value, real if folder else os.path.dirname(real))
+            continue
+        ancestor = os.path.dirname(real)
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise UsageError(f"{flag} {value}: {ancestor} is a file, not a folder")
+        _writable(flag, value, ancestor)
+
+
+def _writable(flag: str, value: str, folder: str) -> None:
+    """A file can be made in `folder` (tried, and gone again)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {value}: cannot write in {folder} ({exc.strerror or exc})") from None
+
+
 def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,
-               reason: str | None = None, sync: bool = True) -> None:
-    """The bench's results so far; `complete` False (with the reason) while or because the sweep stopped early."""
+               reason: str | None = None, snapshot: bool = False) -> None:
+    """The bench's results so far; `complete` False (with the reason) while or because the sweep stopped
+    early; `snapshot`: while it goes (not synced to disk, skipped for a device or a pipe)."""
     doc = {"complete": complete, **({"reason": reason} if reason else {}), "env": env, "results": results}
-    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=sync)
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=not snapshot, snapshot=snapshot)
 
 
 def mark_incomplete(path: str | Path, reason: str) -> None:
     """After a failed job: a JSON that is not marked complete says why it stopped (made if absent)."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device or a pipe took the results as they came
+        return
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         doc = {}
     if not isinstance(doc, dict) or doc.get("complete") is True:
         return
@@ -57,12 +147,12 @@ def mark_incomplete(path: str | Path, reason: str) -> None:
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
-def write_csv(path: str | Path, results: list[dict], *, sync: bool = True) -> None:
+def write_csv(path: str | Path, results: list[dict], *, snapshot: bool = False) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(results)
-    write_atomic(path, buf.getvalue(), sync=sync)
+    write_atomic(path, buf.getvalue(), sync=not snapshot, snapshot=snapshot)
 
 
 @dataclass(frozen=True)
@@ -79,6 +169,11 @@ class Outputs:
     """--trace: the folder of the per-rank Chrome traces and the merged trace.json."""
     debug_dump: str | None = None
     """--debug-dump: the folder of each rank's flight record after a failure."""
+
+    def check(self) -> None:
+        """Every path here can be written, and no two flags name one file; raises UsageError."""
+        check_outputs({"--json": self.json, "--csv": self.csv},
+                      {"--trace": self.trace, "--debug-dump": self.debug_dump})
 
     def dump_folder(self) -> str | None:
         """Where a failing rank writes its flight record: --debug-dump, else the --json file's folder."""

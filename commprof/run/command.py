@@ -258,14 +258,14 @@ class _Partial:
     def update(self, iterations: list[dict]) -> None:
         self.iterations = iterations
         if time.monotonic() - self.saved >= self.SAVE_S:
-            self._write("running")
+            self._write("running", snapshot=True)
 
     def abandon(self, code: int, message: str) -> None:
         self._write(message)
 
-    def _write(self, reason: str) -> None:
+    def _write(self, reason: str, snapshot: bool = False) -> None:
         doc = {"complete": False, "reason": reason, "world_size": self.world_size,
                "note": f"iterations of rank {self.rank} only: the other ranks' figures are gathered at the end",
                "iterations": {str(self.rank): self.iterations}}
-        files.write_atomic(self.path, json.dumps(doc, indent=1) + "\n")
+        files.write_atomic(self.path, json.dumps(doc, indent=1) + "\n", snapshot=snapshot)
         self.saved = time.monotonic()

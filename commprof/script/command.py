@@ -90,10 +90,11 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     rest = list(args.script_args)
     if rest[:1] == ["--"]:
         rest = rest[1:]
+    out = Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace)
+    out.check()
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
-                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer,
-                         out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace))
+                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out)
 
 
 def main(args: argparse.Namespace) -> int:

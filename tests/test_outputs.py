@@ -1,0 +1,102 @@
+"""Result files never clobber what they should not and bad paths are refused before any rank starts: a
+device or a FIFO is written through (never replaced by a regular file), a symlink is followed, a new file
+gets the umask's mode; a path whose parent is a file, a --trace that is a file, an unwritable folder, two
+flags naming one file: exit 2, one line, nothing launched and no job folder left behind."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from commprof.report.files import write_atomic
+from spawn import env_for_tests
+
+TINY = ["bench", "all_reduce", "-b", "8", "-e", "64", "-n", "2", "-w", "1", "--timeout", "30"]
+
+
+def run(*args, tmp_path, umask=None):
+    env = env_for_tests(TMPDIR=str(tmp_path))  # the launcher's job folder is made here
+    return subprocess.run([sys.executable, "-m", "commprof", *args], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+
+
+def one_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commprof: error: "), proc.stderr[-3000:]
+    return lines[0][len("commprof: error: "):]
+
+
+def job_folders(tmp_path):
+    return sorted(p.name for p in tmp_path.glob("commprof-job-*"))
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--json", "afile/out.json"], "--json afile/out.json: {tmp}/afile is a file, not a folder"),
+    (["--trace", "afile"], "--trace afile: is a file, not a folder"),
+    (["--json", "/proc/nope/x.json"], "--json /proc/nope/x.json: cannot write in /proc"),
+    (["--json", "."], "--json .: is a folder, not a file"),
+    (["--csv", "same.out", "--json", "same.out"], "--json and --csv same.out name one file"),
+    (["--json", "link.json", "--csv", "same.out"], "--json link.json and --csv same.out name one file"),
+])
+def test_bad_output_paths_are_refused_before_launching(tmp_path, flags, words):
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "link.json").symlink_to(tmp_path / "same.out")
+    proc = run(*TINY, "--nproc", "2", *flags, tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert one_line(proc).startswith(words.format(tmp=tmp_path)), proc.stderr
+    assert (tmp_path / "afile").read_text() == "mine\n" and not (tmp_path / "same.out").exists()
+    assert proc.stdout == "" and not job_folders(tmp_path)
+
+
+def test_a_device_that_refuses_is_one_line_and_stays_a_device(tmp_path):
+    proc = run(*TINY, "--nproc", "2", "--json", "/dev/full", tmp_path=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert one_line(proc) == "cannot write /dev/full: No space left on device"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert not job_folders(tmp_path)  # the launcher's clean-up ran, whatever its salvage met
+
+
+def test_dev_null_takes_the_results_and_stays_a_device(tmp_path):
+    proc = run(*TINY, "--nproc", "1", "--json", "/dev/null", "--csv", "/dev/null", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "--csv /dev/null name one file" in one_line(proc)
+    proc = run(*TINY, "--nproc", "1", "--json", "/dev/null", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_fifo_gets_one_whole_document(tmp_path):
+    fifo = tmp_path / "results.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    proc = run(*TINY, "--nproc", "2", "--json", str(fifo), tmp_path=tmp_path)
+    reader.join(30)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(got[0])  # one document: the snapshots of a running sweep are not sent to a pipe
+    assert doc["complete"] is True and [r["nbytes"] for r in doc["results"]] == [8, 16, 32, 64]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_symlink_is_followed_and_a_new_file_gets_the_umask_mode(tmp_path):
+    target = tmp_path / "store" / "r.json"
+    target.parent.mkdir()
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    proc = run(*TINY, "--nproc", "1", "--json", str(link), "--csv", "r.csv", tmp_path=tmp_path, umask=0o027)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert link.is_symlink() and json.loads(target.read_text())["complete"] is True
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(tmp_path / "r.csv").st_mode) == 0o640
+
+
+def test_an_existing_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text("{}")
+    path.chmod(0o604)
+    write_atomic(path, "[]\n")
+    assert path.read_text() == "[]\n" and stat.S_IMODE(os.stat(path).st_mode) == 0o604

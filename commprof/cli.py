@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     # commprof's launcher, mpiexec or torchrun alike.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     argv = sys.argv[1:] if argv is None else argv
+    if not isinstance(sys.stdout, _ReaderGone):
+        sys.stdout = _ReaderGone(sys.stdout)
     chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
     try:
         if chosen in sweep.GRID_FLAGS and sweep.wanted(chosen, argv[argv.index(chosen) + 1:]):
@@ -73,6 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return usage_error(exc)
     return call(args.func, args)
+
+
+class _ReaderGone:
+    """stdout that outlives its reader: after `commprof … | head` has read what it wanted, the rest goes to
+    /dev/null and the job goes on — rank 0 leaving on a broken pipe would fail its peers mid-collective."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def usage_error(exc: UsageError) -> int:

@@ -118,7 +118,7 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
     relay.start()
     code = _supervise([proc], folder, ranks=None, timeout_s=timeout_s)
     relay.join(timeout=5)
-    if code and job.failure(folder) is None and banners:
+    if code and code != 130 and job.failure(folder) is None and banners:  # Ctrl-C: Hydra's kills are ours
         # no rank said anything: the first process mpiexec saw end badly was killed or crashed
         pid, status = banners[0]
         rank = {p: r for r, p in job.pids(folder).items()}.get(pid)

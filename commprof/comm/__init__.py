@@ -149,7 +149,7 @@ def _mpi_control(world: World) -> ControlPlane:
     """Rank 0 serves a store; the others learn where over MPI."""
     MPI = import_mpi()
     if world.rank == 0:
-        host = world.master_addr or socket.gethostbyname(socket.gethostname())
+        host = world.master_addr or _own_address(world)
         control = ControlPlane.connect(host=host, port=0, rank=0, world_size=world.world_size, serve=True)
         where = (host, control.port)
     else:
@@ -194,6 +194,14 @@ def _init_mpi(world: World, oversubscribed: bool) -> Comm:
     return mpi_comm.MpiComm(comm=MPI.COMM_WORLD, clock=CpuClock())
 
 
+def _own_address(world: World) -> str:
+    """The address rank 0 serves the store on when the launcher named none: loopback for a job on one host
+    (nothing off the host may reach it), the host's own address otherwise."""
+    if world.local_world_size >= world.world_size:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
 def _rendezvous(world: World) -> tuple[str, int]:
     """Address and port of rank 0's store."""
     if world.master_addr and world.master_port:
@@ -203,6 +211,6 @@ def _rendezvous(world: World) -> tuple[str, int]:
     if world.launcher == "mpiexec":
         # mpiexec gives ranks but no rendezvous: rank 0 picks one and tells the others over MPI.
         MPI = import_mpi()
-        here = (socket.gethostbyname(socket.gethostname()), free_port()) if world.rank == 0 else None
+        here = (_own_address(world), free_port()) if world.rank == 0 else None
         return MPI.COMM_WORLD.bcast(here, root=0)
     raise UsageError(f"{world.launcher} gave no rendezvous: set MASTER_ADDR and MASTER_PORT")

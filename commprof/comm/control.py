@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timedelta
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
@@ -49,10 +48,9 @@ class ControlPlane:
     @classmethod
     def connect(cls, *, host: str, port: int, rank: int, world_size: int, serve: bool = False) -> "ControlPlane":
         """A client of the store at host:port; `serve` (rank 0 on MPI) starts the store first."""
-        import torch.distributed as dist
+        from commprof.comm.store import open_store
 
-        store = dist.TCPStore(host, port, world_size, serve, timeout=timedelta(seconds=STORE_TIMEOUT_S),
-                              wait_for_workers=False)
+        store = open_store(host, port, rank=rank, world_size=world_size, timeout_s=STORE_TIMEOUT_S, serve=serve)
         return cls(store, rank=rank, world_size=world_size)
 
     @property

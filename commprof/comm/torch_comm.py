@@ -15,6 +15,7 @@ import torch
 # one commprof/comm/interpose.py rebinds to route a script's calls through Comm, which then call these.
 from torch.distributed import distributed_c10d as dist
 
+from commprof.comm.store import open_store
 from commprof.comm.base import Comm
 from commprof.errors import UnsupportedError
 
@@ -48,8 +49,9 @@ class TorchComm(Comm):
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
              timeout_s: float, device: torch.device, clock) -> "TorchComm":
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
+        store = open_store(addr, port, rank=rank, world_size=world_size, timeout_s=timeout_s)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s), **kwargs)
         control = dist.new_group(backend="gloo") if backend != "gloo" else None
         return cls(backend=backend, group=None, ranks=list(range(world_size)), control_group=control,
                    device=device, clock=clock)

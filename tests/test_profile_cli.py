@@ -151,3 +151,25 @@ def test_functional_collectives_are_counted_as_unseen(tmp_path):
     assert doc["unseen"] == {"functional all_reduce": 2 * 3}  # both ranks, three calls each
     assert doc["outside_iterations"]["all_reduce"]["calls"] == 3  # the plain ones: seen (no optimizer here)
     assert "unseen (ran as torch's own" in proc.stdout and "functional all_reduce ×6" in proc.stdout
+
+
+def test_the_first_rank_to_exit_non_zero_sets_the_jobs_code(tmp_path):
+    # rank 1 waits in a collective that rank 0 never joins: its lost peer must not hide rank 0's own status
+    script = tmp_path / "quits.py"
+    script.write_text("import sys, torch, torch.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      "if dist.get_rank() == 0:\n"
+                      "    sys.exit(5)\n"
+                      "dist.all_reduce(torch.ones(4))\n")
+    proc = commprof("profile", "--nproc", "2", "--timeout", "60", str(script))
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [f"commprof: error: rank 0: {script} exited with status 5"]
+
+
+def test_a_syntax_error_shows_as_python_shows_it(tmp_path):
+    script = tmp_path / "typo.py"
+    script.write_text("import torch\nx = (1,\n")
+    proc = commprof("profile", "--nproc", "2", "--timeout", "60", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("SyntaxError") == 1 and 'typo.py", line 2' in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "runpy" not in proc.stderr and "commprof/" not in proc.stderr

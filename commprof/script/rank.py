@@ -117,11 +117,21 @@ class Session:
                 raise UsageError(f"{script} never initialised a torch.distributed process group: nothing to "
                                  "profile")
             if code != 0 or not c10d.is_initialized():
-                return code
+                return self._exited(code)
             self.gather()
         results, env = self.gathered
         if results is not None:
             self.report(results, env)
+        return self._exited(code)
+
+    def _exited(self, code: int) -> int:
+        """The script's own exit status; a non-zero one is the job's (claimed before a peer, left waiting in a
+        collective, calls it a lost peer), as `python train.py` or torchrun would end with it."""
+        if code != 0 and job.claim(code, f"rank {self.world.rank}: {self.cfg.script} exited with status {code}",
+                                   self.world.rank):
+            sys.stderr.write(f"commprof: error: rank {self.world.rank}: {self.cfg.script} exited with status "
+                             f"{code}\n")
+            sys.stderr.flush()
         return code
 
     def _raised(self, exc: Exception) -> int:
@@ -134,7 +144,10 @@ class Session:
             while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
                 tb = tb.tb_next
             sys.stderr.write(f"rank {self.world.rank}: ")
-            traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+            if tb is None and isinstance(exc, SyntaxError):  # as `python train.py` shows it: no frames
+                sys.stderr.writelines(traceback.format_exception_only(type(exc), exc))
+            else:
+                traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
             sys.stderr.flush()
         return 1
 

@@ -25,7 +25,8 @@ def open_store(addr: str, port: int, *, rank: int, world_size: int, timeout_s: f
     serving rank picks a free one (the store's `.port`)."""
     import torch.distributed as dist
 
-    serve = rank == 0 if serve is None else serve
+    if serve is None:  # under torchrun its agent serves the store already (as torch's own rendezvous reads it)
+        serve = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     timeout = timedelta(seconds=timeout_s)
     if not serve:
         return dist.TCPStore(addr, port, world_size, False, timeout)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from commprof.comm.watchdog import Watchdog
+    from commprof.profile.contention import Contention
 
 
 class Config(Protocol):
@@ -50,6 +51,8 @@ class Rank:
     env: dict | None
     """The job's environment block (every rank's piece merged), on rank 0; None on the others."""
     watchdog: Watchdog | None
+    contention: Contention | None = None
+    """On rank 0: what else used this host's cores since the work began (profile/contention.py)."""
 
     def on_failure(self, fn: Callable[[int, str], None]) -> None:
         """Call `fn(code, message)` before a failing job ends this rank: write what was measured."""
@@ -123,6 +126,7 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     from commprof.comm import init_comm
     from commprof.comm.watchdog import Watchdog
     from commprof.profile import trace
+    from commprof.profile.contention import Contention
     from commprof.report.env import local_env, merge_env
 
     over = world.local_world_size > have
@@ -141,6 +145,8 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
                 slots=have, oversubscribed=over, launcher=world.launcher,
                 clock=comm.clock.kind if comm is not None else device.type, argv=["commprof", *cfg.out.argv])
             rank = Rank(world, comm, device, env, watchdog if comm is not None else None)
+            if pieces is not None:  # the job's ranks on rank 0's host: their CPU is the job's own
+                rank.contention = Contention([p["pid"] for p in pieces if p["host"] == pieces[0]["host"]])
             tracer = trace.start(comm, cfg.out.trace) if cfg.out.trace else None
             if tracer is not None:
                 rank.on_failure(lambda code, message: trace.abandon(tracer))

@@ -110,3 +110,33 @@ def test_the_store_listens_on_the_named_address_and_says_when_it_cannot(monkeypa
         assert sock.getsockname()[0] == "0.0.0.0"
     finally:
         sock.close()
+
+
+def test_contention_from_another_process_is_said_under_the_table_and_in_the_json(tmp_path):
+    # two busy loops on this 2-core host while one rank measures: the ranks' own CPU is not counted, theirs is
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], env=env_for_tests(),
+                              start_new_session=True) for _ in range(2)]
+    try:
+        out = tmp_path / "r.json"
+        proc = subprocess.run([sys.executable, "-m", "commprof", "bench", "all_reduce", "-b", "8", "-e", "64K",
+                               "-n", "20", "--nproc", "1", "--json", str(out)], env=env_for_tests(),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        for loop in loops:
+            kill_session(loop)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(out.read_text())["env"]["contention"]
+    assert seen["contended"] is True and seen["others_cores"] >= 0.5, seen
+    assert "note: contended: other processes used" in proc.stdout
+
+
+def test_a_quiet_measurement_counts_its_own_ranks_as_its_own(tmp_path):
+    # no figure can be asserted for others on a shared machine; the job's own two busy ranks must not count
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "commprof", "bench", "all_reduce", "-b", "8", "-e", "64K",
+                           "-n", "50", "--nproc", "2", "--json", str(out)], env=env_for_tests(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(out.read_text())["env"]["contention"]
+    assert seen["seconds"] > 0 and 0 <= seen["others_cores"] < 2.0, seen
+    assert ("note: contended" in proc.stdout) == seen["contended"]

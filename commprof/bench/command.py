@@ -27,6 +27,7 @@ from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
+from commprof.profile.contention import note as contention_note
 from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.table import avg_busbw, bench_table, header, ranks_key, ranks_label
@@ -198,7 +199,7 @@ class _Bench:
         shapes = layouts(cfg, world.world_size, hosts)
         plans = [plan(cfg, layout.size) for layout in shapes]
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-        sink = _Sink(cfg, rank.env, plans, shapes) if rank.world.rank == 0 else None
+        sink = _Sink(cfg, rank.env, plans, shapes, rank.contention) if rank.world.rank == 0 else None
         if sink is not None:
             rank.on_failure(sink.abandon)
         for layout, the_plan in zip(shapes, plans):
@@ -231,8 +232,9 @@ class _Sink:
     """Rank 0's end of the sweep: progress bar, a table per collective and layout of the ranks, files
     rewritten as rows arrive, and a scaling table per collective when groups of several sizes ran."""
 
-    def __init__(self, cfg: BenchConfig, env: dict, plans: list, shapes: list) -> None:
+    def __init__(self, cfg: BenchConfig, env: dict, plans: list, shapes: list, contention=None) -> None:
         self.cfg, self.env, self.shapes = cfg, env, shapes
+        self.contention = contention
         self.notes = list(dict.fromkeys(n for p in plans for n in p.notes))
         out = Console()
         # Off a terminal rich assumes 80 columns; a results table should not wrap in a log file.
@@ -291,6 +293,7 @@ class _Sink:
         if self.current:
             self._flush()
         self.progress.stop()
+        self._measured()
         self._write(complete=True)
         if len(self.shapes) > 1:
             from commprof.report.compare import scaling_tables
@@ -300,10 +303,18 @@ class _Sink:
         for note in self.notes:
             if note not in self.shown:  # combinations skipped entirely
                 self.console.print(f"note: {note}")
+        said = contention_note(self.env.get("contention"))
+        if said:
+            self.console.print(said, highlight=False)
+
+    def _measured(self) -> None:
+        if self.contention is not None:
+            self.env["contention"] = self.contention.read()
 
     def abandon(self, code: int, message: str) -> None:
         """The job failed: every point measured so far, marked incomplete with the reason."""
         self.progress.stop()
+        self._measured()
         self._write(complete=False, reason=message)
 
 

@@ -6,6 +6,7 @@ Exercised by: `pytest tests/test_bench_cli.py`.
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import sys
@@ -30,7 +31,7 @@ def local_env(device: torch.device) -> dict:
         name = f"{device} {torch.cuda.get_device_name(device)}"
     else:
         name = f"cpu {platform.processor() or platform.machine()}"
-    return {"host": socket.gethostname(), "device": name}
+    return {"host": socket.gethostname(), "device": name, "pid": os.getpid()}
 
 
 def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_size: int,

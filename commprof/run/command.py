@@ -223,11 +223,18 @@ class _Run:
         from commprof.report.run_table import run_tables
         from commprof.run.results import combine
 
+        from commprof.profile.contention import note
+
+        if rank.contention is not None:
+            rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
         out = Console()
         console = out if out.is_terminal else Console(width=200)
         for table in run_tables(doc):
             console.print(table)
+        said = note(rank.env.get("contention"))
+        if said:
+            console.print(said, highlight=False)
         if cfg.out.json:
             files.write_atomic(cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
         return 0

@@ -77,7 +77,7 @@ def _child() -> None:
     ready, _, _ = select.select([sys.stdin], [], [], limit)
     if ready or os.getppid() != parent:
         return
-    if _stopped(parent):
+    if job.process_state(parent) == "T":
         _say(f"rank {rank} was stopped (SIGSTOP) during start-up and did not resume within {limit:g} s "
              "(--timeout + 2 s)", rank)
         os.kill(parent, signal.SIGKILL)
@@ -98,11 +98,3 @@ def _say(message: str, rank: int) -> None:
     if job.claim(PeerError.exit_code, message, rank):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:][:1] == "T"

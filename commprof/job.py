@@ -94,3 +94,12 @@ def pids(where: Path) -> dict[int, int]:
         except ValueError:
             continue
     return out
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process `pid` in /proc (R, S, D, T stopped, t traced, Z, …); None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:][:1] or None

@@ -242,7 +242,7 @@ class _StoppedRanks:
         now = time.monotonic()
         self._pids = job.pids(self._folder)
         for rank, pid in self._pids.items():
-            if _state(pid) == "T":
+            if job.process_state(pid) == "T":
                 self._since.setdefault(rank, now)
             else:
                 self._since.pop(rank, None)
@@ -259,20 +259,11 @@ class _StoppedRanks:
             _kill_rank(self._folder, self._pids[rank])
 
 
-def _state(pid: int) -> str | None:
-    """The process state letter of `pid` (R, S, D, T, t, Z, …), or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:][:1] or None
-
-
 def _stop(children: list[subprocess.Popen]) -> None:
     for p in children:
         if p.poll() is None:
             # SIGTERM waits in a stopped process's queue until it resumes: kill that one outright
-            p.kill() if _state(p.pid) == "T" else p.terminate()
+            p.kill() if job.process_state(p.pid) == "T" else p.terminate()
     deadline = time.monotonic() + 2.0
     for p in children:
         try:

@@ -5,17 +5,16 @@ rank 0's store and without the interpreter), mid-sweep and during start-up (MPI_
 The stop is a real SIGSTOP (COMMPROF_FAULT=stop sends it to the rank itself); the time is taken from the
 moment the test first sees the process stopped."""
 
-import os
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from spawn import env_for_tests, kill_session, processes
+from commprof import job
 from commprof.launch import find_mpiexec
 
 TIMEOUT = 3
@@ -25,14 +24,7 @@ LIMIT_S = TIMEOUT + 5
 
 
 def _stopped(tag: str) -> bool:
-    for pid in processes("COMMPROF_TEST_TAG", tag):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2:][:1] == "T":
-            return True
-    return False
+    return any(job.process_state(pid) == "T" for pid in processes("COMMPROF_TEST_TAG", tag))
 
 
 def run_until_stopped(command: list[str], fault: str) -> tuple[int, str, float]:
@@ -91,7 +83,7 @@ def test_rank_0_stopped_mid_sweep_under_a_bare_mpiexec(backend):
     # usually 3, 9 (SIGKILL) when rank 0's comes first
     assert code in (3, 9), err[-3000:]
     line = one_line(err)
-    assert line.startswith(f"rank 1: ") and f"did not complete within {TIMEOUT} s (--timeout)" in line, line
+    assert line.startswith("rank 1: ") and f"did not complete within {TIMEOUT} s (--timeout)" in line, line
     assert line.endswith("; rank 0 did not answer on the control plane"), line
     assert took < LIMIT_S, took
 

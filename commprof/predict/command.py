@@ -9,7 +9,7 @@ Each input is a run (or profile) JSON made with --trace, or the trace itself. Ev
 replayed at each N (predict/replay.py) and the median taken. Efficiency is the replay with free
 communication over the predicted step: 1.0 is perfect weak scaling.
 
-Exercised by: `pytest tests/test_predict.py`.
+Exercised by: `pytest tests/test_predict.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import argparse
 from collections import Counter
 
 from commprof.errors import UsageError
+from commprof.report.inputs import wrong_shape
+
+"""What predict says of an input it cannot use, before why."""
 
 DEFAULT_RANKS = tuple(2 ** k for k in range(1, 11))
 """2 … 1024."""
@@ -60,17 +63,18 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for path in args.inputs:
         m = timeline.load(path)
-        measured_per_host = max(Counter(m.hosts).values())
-        per_host = args.ranks_per_host or measured_per_host
-        counts = replay.rank_counts(m, wanted)
-        if not counts:
-            raise UsageError(f"{path}: none of --ranks holds whole replicas of its {m.world_size} ranks")
-        at_measured = replay.predict(m, m.world_size, fabric, measured_per_host)
-        rows.append({"source": path, "strategy": m.strategy, "backend": m.backend, "world_size": m.world_size,
-                     "algorithms": replay.algorithms(m.backend),
-                     "hosts": len(set(m.hosts)), "ranks_per_host": per_host,
-                     "measured_step_ms": m.measured_wall_ms, "replayed_step_ms": at_measured.step_ms,
-                     "predictions": [replay.predict(m, n, fabric, per_host).as_record() for n in counts]})
+        with wrong_shape(path, timeline.NOT_OURS):  # a trace field of another type, found as it is replayed
+            measured_per_host = max(Counter(m.hosts).values())
+            per_host = args.ranks_per_host or measured_per_host
+            counts = replay.rank_counts(m, wanted)
+            if not counts:
+                raise UsageError(f"{path}: none of --ranks holds whole replicas of its {m.world_size} ranks")
+            at_measured = replay.predict(m, m.world_size, fabric, measured_per_host)
+            rows.append({"source": path, "strategy": m.strategy, "backend": m.backend, "world_size": m.world_size,
+                         "algorithms": replay.algorithms(m.backend),
+                         "hosts": len(set(m.hosts)), "ranks_per_host": per_host,
+                         "measured_step_ms": m.measured_wall_ms, "replayed_step_ms": at_measured.step_ms,
+                         "predictions": [replay.predict(m, n, fabric, per_host).as_record() for n in counts]})
     doc = {"command": "predict", "fabric": fabric.as_record(), "inputs": rows}
     render(doc)
     if args.json:

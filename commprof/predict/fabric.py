@@ -5,17 +5,18 @@ sendrecv rows (the same Hockney fit `bench --algo` uses).
     commprof predict run.json --fabric "intra=450GB/s,3us;inter=50GB/s,8us" --ranks-per-host 8
     commprof predict run.json --fabric bench.json
 
-Exercised by: `pytest tests/test_predict.py`.
+Exercised by: `pytest tests/test_predict.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.inputs import read_json, wrong_shape
 from commprof.report.units import parse_rate
 
 LEVELS = ("intra", "inter")
@@ -70,7 +71,7 @@ def parse_time(text: str, flag: str) -> float:
 
 def parse(text: str, flag: str = "--fabric") -> Fabric:
     """A `--fabric` value: a bench JSON's path, or 'LEVEL=RATE,LATENCY' items joined by ';'."""
-    if Path(text).is_file() or text.endswith(".json"):
+    if os.path.exists(text) or text.endswith(".json"):  # os.path: False, not OSError, for a spec too long for a path
         return from_bench(text, flag)
     levels: dict[str, Level] = {}
     for item in filter(None, (part.strip() for part in text.split(";"))):
@@ -97,33 +98,29 @@ def from_bench(path: str, flag: str = "--fabric") -> Fabric:
     when they shared one host."""
     from commprof.bench.alphabeta import fit
 
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError:
-        raise UsageError(f"{flag} {path}: not a bench JSON (not JSON)") from None
-    rows = doc.get("results") if isinstance(doc, dict) else None
+    doc = read_json(path, "not a bench JSON", shown=f"{flag} {path}")
+    rows = doc.get("results")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "collective" in r for r in rows):
         raise UsageError(f"{flag} {path}: not a bench JSON (no bench results)")
-    env = doc.get("env") or {}
-    plain = "inter" if len(env.get("hosts") or []) > 1 and env.get("ranks_per_host") == 1 else (
-        "intra" if len(env.get("hosts") or []) == 1 else None)
-    points: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if r.get("collective") != "sendrecv" or r.get("algo", "library") != "library" or r.get("wrong"):
-            continue
-        level = r.get("level") if r.get("level") in LEVELS else plain
-        if level is None:
-            raise UsageError(f"{flag} {path}: its sendrecv pairs mix ranks on one host and across hosts; "
-                             "measure them apart with bench --groups intra,inter")
-        points.setdefault(level, []).append((r["nbytes"], r["time_us"] * 1e-6))
     levels = {}
-    for level, pts in points.items():
-        model = fit(pts)
-        if model is not None:
-            levels[level] = Level(alpha_s=model.alpha_s, beta_s_per_byte=model.beta_s_per_byte,
-                                  source=f"{Path(path).name}: sendrecv fit over {model.points} sizes")
+    with wrong_shape(f"{flag} {path}", "not a bench JSON"):  # a field of another type, found as it is fitted
+        env = doc.get("env") or {}
+        plain = "inter" if len(env.get("hosts") or []) > 1 and env.get("ranks_per_host") == 1 else (
+            "intra" if len(env.get("hosts") or []) == 1 else None)
+        points: dict[str, list[tuple[int, float]]] = {}
+        for r in rows:
+            if r.get("collective") != "sendrecv" or r.get("algo", "library") != "library" or r.get("wrong"):
+                continue
+            level = r.get("level") if r.get("level") in LEVELS else plain
+            if level is None:
+                raise UsageError(f"{flag} {path}: its sendrecv pairs mix ranks on one host and across hosts; "
+                                 "measure them apart with bench --groups intra,inter")
+            points.setdefault(level, []).append((r["nbytes"], r["time_us"] * 1e-6))
+        for level, pts in points.items():
+            model = fit(pts)
+            if model is not None:
+                levels[level] = Level(alpha_s=model.alpha_s, beta_s_per_byte=model.beta_s_per_byte,
+                                      source=f"{Path(path).name}: sendrecv fit over {model.points} sizes")
     if not levels:
         raise UsageError(f"{flag} {path}: no sendrecv sweep of two sizes or more to fit α and β from "
                          "(run bench sendrecv -b 8 -e 4M, or bench --algo)")

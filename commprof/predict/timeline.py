@@ -13,12 +13,15 @@ Exercised by: `pytest tests/test_predict.py`.
 
 from __future__ import annotations
 
-import json
+import os
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.inputs import read_json, wrong_shape
+
+NOT_OURS = "neither a run JSON nor a commprof trace"
 
 SENDS, RECVS = "send", "recv"
 
@@ -70,34 +73,35 @@ class Measured:
 
 
 def load(path: str) -> Measured:
-    """A run JSON that was run with --trace (or a `profile` JSON), or the trace itself (its trace.json or
-    folder); UsageError naming the file otherwise."""
+    """Its files read through report/inputs.py: a run (or profile) JSON made with --trace
+    and the trace it names, a trace.json, or a trace's folder, as a timeline.Measured; any file that cannot
+    be read, parsed or replayed is UsageError naming it."""
     p = Path(path)
-    doc = _json(p / "trace.json" if p.is_dir() else p, path)
-    if isinstance(doc, dict) and "traceEvents" in doc:
-        return from_trace(doc, path, strategy=p.name if p.is_dir() else p.parent.name, global_batch=None, backend=None)
-    if not (isinstance(doc, dict) and isinstance(doc.get("config"), dict) and "iterations" in doc):
-        raise UsageError(f"{path}: neither a run JSON nor a commprof trace")
-    traced = (doc["config"].get("out") or {}).get("trace")
-    if not traced:
-        raise UsageError(f"{path}: this run was not traced, so its ops' timing is not in it: "
-                         "rerun it with --trace DIR")
-    found = next((c for c in (Path(traced), p.parent / traced) if (c / "trace.json").is_file()), None)
-    if found is None:
-        raise UsageError(f"{path}: its trace {traced}/trace.json is not there (moved?): give the trace instead")
-    cfg = doc["config"]
-    strategy = cfg.get("strategy") or Path(cfg.get("script") or "script").name
-    return from_trace(_json(found / "trace.json", str(found)), path, strategy=strategy,
-                      global_batch=(doc.get("steps") or {}).get("global_batch"), backend=cfg.get("backend"))
-
-
-def _json(p: Path, shown: str):
-    try:
-        return json.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"{shown}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError:
-        raise UsageError(f"{shown}: not JSON, or cut short") from None
+    folder = os.path.isdir(p)
+    if folder and not os.path.lexists(p / "trace.json"):
+        raise UsageError(f"{path}: a folder with no trace.json in it: give a run JSON, a trace.json or its folder")
+    doc = read_json(p / "trace.json" if folder else p, NOT_OURS)
+    if "traceEvents" in doc:
+        with wrong_shape(path, NOT_OURS):
+            return from_trace(doc, path, strategy=p.name if folder else p.parent.name, global_batch=None,
+                                       backend=None)
+    if not (isinstance(doc.get("config"), dict) and "iterations" in doc):
+        raise UsageError(f"{path}: {NOT_OURS}")
+    with wrong_shape(path, NOT_OURS):
+        cfg = doc["config"]
+        traced = (cfg.get("out") or {}).get("trace")
+        if not traced:
+            raise UsageError(f"{path}: this run was not traced, so its ops' timing is not in it: "
+                             "rerun it with --trace DIR")
+        found = next((c for c in (Path(traced), p.parent / traced) if os.path.isfile(c / "trace.json")), None)
+        if found is None:
+            raise UsageError(f"{path}: its trace {traced}/trace.json is not there (moved?): give the trace instead")
+        strategy = cfg.get("strategy") or Path(cfg.get("script") or "script").name
+        global_batch = (doc.get("steps") or {}).get("global_batch")
+    trace = read_json(found / "trace.json", "not a commprof trace")
+    with wrong_shape(str(found / "trace.json"), "not a commprof trace"):
+        return from_trace(trace, path, strategy=strategy, global_batch=global_batch,
+                                   backend=cfg.get("backend"))
 
 
 def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | None, backend: str | None) -> Measured:

@@ -7,16 +7,19 @@ grid files: one comparison table, a row per configuration.
     commprof report gloo.json mpi.json
     commprof report grid.json --markdown > table.md
 
-Exercised by: `pytest tests/test_report_cli.py`.
+Exercised by: `pytest tests/test_report_cli.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.inputs import read_json, wrong_shape
+
+NOT_OURS = "not a commprof result"
+"""What report says of a file it cannot use, before why."""
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -33,14 +36,7 @@ def add_parser(subparsers, summary: str) -> None:
 
 def load(path: str) -> tuple[str, dict]:
     """(kind, document) of one saved result: kind bench, run or grid; UsageError naming the file."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise UsageError(f"{path}: not a commprof result: not JSON, or cut short ({exc})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: not a commprof result (a JSON {type(doc).__name__})")
+    doc = read_json(path, NOT_OURS)
     if "runs" in doc and doc.get("command") in ("bench", "run"):
         kind = "grid"
     elif isinstance(doc.get("results"), list) and all(isinstance(r, dict) and "collective" in r
@@ -57,11 +53,6 @@ def load(path: str) -> tuple[str, dict]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from commprof.report import compare
-    from commprof.report.table import avg_busbw, bench_table, header, ranks_key
-
     link = None
     if args.link_rate is not None:
         from commprof.report.units import parse_rate
@@ -70,6 +61,17 @@ def main(args: argparse.Namespace) -> int:
         if not args.plot:
             raise UsageError("--link-rate is drawn on the --plot figures: give --plot DIR too")
     loaded = [(path, *load(path)) for path in args.files]
+    # a field missing or of another type, found while the tables and plots read it: one line, exit 2
+    with wrong_shape(args.files[0] if len(args.files) == 1 else "one of " + ", ".join(args.files), NOT_OURS):
+        return _render(args, loaded, link)
+
+
+def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link: float | None) -> int:
+    from rich.console import Console
+
+    from commprof.report import compare
+    from commprof.report.table import avg_busbw, bench_table, header, ranks_key
+
     if link is not None and any(k == "run" or d.get("command") == "run" for _, k, d in loaded):
         raise UsageError("--link-rate is drawn on bench figures; these are run results")
     kinds = {kind if kind != "grid" else doc["command"] for _, kind, doc in loaded}

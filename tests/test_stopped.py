@@ -67,8 +67,7 @@ def bare_mpiexec(backend: str) -> list[str]:
     return [find_mpiexec(), "-n", "2", sys.executable, "-m", "commprof", *SWEEP, "--backend", backend]
 
 
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
-@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("backend,rank", [("gloo", 0), ("mpi", 0), ("mpi", 1)])
 def test_a_rank_stopped_mid_sweep_is_named_by_the_launcher(backend, rank):
     code, err, took = run_until_stopped(launcher(backend), f"stop:rank={rank}:seq=6")
     assert code == 3, err[-3000:]
@@ -88,8 +87,7 @@ def test_rank_0_stopped_mid_sweep_under_a_bare_mpiexec(backend):
     assert took < LIMIT_S, took
 
 
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
-@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("backend,rank", [("gloo", 0), ("mpi", 1)])
 def test_a_rank_stopped_in_start_up_under_a_bare_mpiexec(backend, rank):
     # stopped after its imports, right before MPI_Init / the rendezvous: its peer waits there holding the
     # interpreter, where only the start-up deadline (commprof/deadline.py) can end it

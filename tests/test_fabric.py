@@ -6,9 +6,12 @@ rate. Skips, with the reason, where this is not root or `ip`, `tc` or `unshare` 
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,27 +54,118 @@ def bench_json(proc: subprocess.CompletedProcess, path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def check_bench(doc: dict, ranks_per_host: int = 1) -> None:
+# The control: what the link delivers now to the exchange bench's sendrecv times (each end sends and
+# receives the same bytes at once), over plain sockets, between the same namespaces and beside whatever
+# else this machine is running. commprof's figures are held to it, measured just before and just after
+# them, rather than to the rate tc was given: what TCP gets of that rate depends on the headers, the
+# kernel and what else wants the cores and the link right then, and the control meets the same. A fixed
+# band around the rate failed on a busy machine (a fit at 0.90 of the rate, load ~5 on 2 cores); TOL is
+# for what the two programs' own costs differ by.
+CONTROL = r"""
+import json, socket, sys, threading, time
+peer, port, size, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if peer == "-":
+    with socket.create_server(("", port)) as srv:
+        srv.settimeout(60)
+        s, _ = srv.accept()
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            s = socket.create_connection((peer, port), timeout=60)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+s.settimeout(60)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def recv(n):
+    buf, got = memoryview(bytearray(n)), 0
+    while got < n:
+        k = s.recv_into(buf[got:])
+        if not k:
+            raise EOFError("the other end went away")
+        got += k
+data, times = bytes(size), []
+for i in range(iters + 1):  # the first warms the connection up (TCP's window), as bench's warmup does
+    s.sendall(b"x")  # both ends start together, as after bench's barrier
+    recv(1)
+    t0 = time.perf_counter()
+    sender = threading.Thread(target=s.sendall, args=(data,))
+    sender.start()
+    recv(size)
+    sender.join()
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times[1:]))
+"""
+CONTROL_BYTES = 4 << 20
+CONTROL_PORT = 29420
+TOL = 0.2
+"""How far a figure of commprof's may sit from the control's: both are TCP over the same link, but
+through different software (gloo or MPI against Python's sockets), which a loaded machine slows unalike.
+A byte count or a clock off by 2x is well outside."""
+CEILING = 1.05 * RATE_GBPS
+"""No payload gets through faster than tbf's rate (TCP/IP's headers take ~4% of it); the margin above
+is a 4 MiB op's share of tbf's 64 KiB burst, and each rank timing from its own start: the later one
+finds some of its peer's bytes already there."""
+
+
+def link_GBps(iters: int = 5) -> float:
+    """The link's bandwidth each way between the hosts, both ways at once, over plain TCP sockets: the
+    bytes over the median exchange of both ends. One size, the largest bench sends, whose time the
+    per-exchange cost and tbf's burst change by ~2%."""
+    argv = [sys.executable, "-c", CONTROL]
+    args = [str(CONTROL_PORT), str(CONTROL_BYTES), str(iters)]
+    proc = on_hosts([(HOSTS[0], [*argv, "-", *args], {}), (HOSTS[1], [*argv, HOSTS[0], *args], {})], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ends = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(ends) == 2, proc.stdout
+    return CONTROL_BYTES / statistics.median(t for end in ends for t in end) / 1e9
+
+
+@contextmanager
+def control() -> Iterator[list[float]]:
+    """The link measured before and after the body; what is yielded holds both once the body is done."""
+    seen = [link_GBps()]
+    yield seen
+    seen.append(link_GBps())
+
+
+def held_to(value: float, seen: list[float], scale: float = 1.0) -> bool:
+    """`value` within TOL of the control's range (times `scale`)."""
+    return min(seen) * scale * (1 - TOL) <= value <= max(seen) * scale * (1 + TOL)
+
+
+def check_bench(doc: dict, seen: list[float], ranks_per_host: int = 1) -> None:
     env = doc["env"]
     assert env["hosts"] == list(HOSTS) and env["ranks_per_host"] == ranks_per_host
     assert env["world_size"] == len(HOSTS) * ranks_per_host and not env["oversubscribed"]
     big = [r for r in doc["results"] if r["nbytes"] == 4 << 20 and r["algo"] == "library"]
     assert big and all(r["wrong"] == 0 for r in doc["results"])
     # 2 ranks, one per host: each sends S per all_reduce (and per sendrecv) over its link, both ways at
-    # once; TCP/IP headers take ~4%. The fastest iteration is the link's: MPI over TCP on two shared cores
+    # once, as the control does. The fastest iteration is the link's: MPI over TCP on two shared cores
     # now and then takes 30-65 ms more for one 180 ms op, in runs of several, which no link explains
-    for r in big:
-        best_busbw = r["bus_factor"] * r["nbytes"] / (r["min_us"] * 1e3)
-        assert best_busbw == pytest.approx(RATE_GBPS, rel=0.15), r
+    best = [r["bus_factor"] * r["nbytes"] / (r["min_us"] * 1e3) for r in big]
     # the sendrecv sweep (run first for --algo) gives the algorithms' rows one α–β fit …
     fits = {json.dumps(r["alpha_beta"], sort_keys=True) for r in doc["results"] if r.get("alpha_beta")}
     assert len(fits) == 1, fits
-    # … and the same fit of each size's median iteration recovers the link's rate. Not the mean over
-    # iterations, which bench fits: one of those slow MPI runs moves it (it once gave 0.88 of the rate); not
-    # the fastest iteration either: at 64 KiB, one that starts with tbf's bucket full passes at memory speed
-    p2p = [(r["nbytes"], r["p50_us"] * 1e-6) for r in doc["results"] if r["collective"] == "sendrecv"]
+    # … and the same fit of each size's median iteration recovers what the link delivered. Not the mean
+    # over iterations, which bench fits: one of those slow MPI runs moves it (it once gave 0.88 of the
+    # rate); not the fastest iteration either: at 64 KiB, one that starts with tbf's bucket full passes at
+    # memory speed. Only from 1 MiB up, where the link's 40 ms and more per op outweigh what a busy machine
+    # adds to each (the ms it waits for a core, several times a 64 KiB op's own): with the small sizes in,
+    # those ms set the line's α and so its slope, which under load ~9 came out anywhere in 0.92-1.22 of
+    # the control's figure
+    p2p = [(r["nbytes"], r["p50_us"] * 1e-6) for r in doc["results"]
+           if r["collective"] == "sendrecv" and r["nbytes"] >= 1 << 20]
     median = fit(p2p).as_record()
-    assert median["bandwidth_GBps"] == pytest.approx(RATE_GBPS, rel=0.10), median
+    print(f"control {[round(c, 5) for c in seen]} GB/s, fit {median['bandwidth_GBps']:.5f}, "
+          f"fastest 4 MiB {[round(b, 5) for b in best]}")
+    assert held_to(median["bandwidth_GBps"], seen), (median, seen)
+    # the fitted slope is not held to the ceiling: it is no transfer, and one slow median bends it either
+    # way. The fastest op is one, and no slower than the control's median one
+    assert all(min(seen) * (1 - TOL) <= b <= CEILING for b in best), (best, seen)
 
 
 BENCH = ["-m", "commprof", "bench", "all_reduce", "--algo", "library,ring", "-b", "64K", "-e", "4M", "-f", "4",
@@ -93,10 +187,11 @@ def torchrun(nproc_per_host: int, port: int) -> list[str]:
 
 def test_bench_across_hosts_under_torchrun_with_a_trace(hosts, tmp_path):
     out = tmp_path / "b.json"
-    proc = on_hosts([(h, [*torchrun(1, 29411), *BENCH, "--backend", "gloo", "--json", str(out),
-                          "--trace", str(tmp_path / "trace")], {}) for h in HOSTS])
+    with control() as seen:
+        proc = on_hosts([(h, [*torchrun(1, 29411), *BENCH, "--backend", "gloo", "--json", str(out),
+                              "--trace", str(tmp_path / "trace")], {}) for h in HOSTS])
     doc = bench_json(proc, out)
-    check_bench(doc)
+    check_bench(doc, seen)
     assert doc["env"]["launcher"] == "torchrun"
     # the hosts share one clock: the offset measured for the other host is ~0, within its bound
     clocks = json.loads((tmp_path / "trace" / "trace.json").read_text())["otherData"]["clock_sync"]
@@ -111,8 +206,10 @@ def test_bench_across_hosts_under_mpiexec(hosts, tmp_path):
     out = tmp_path / "b.json"
     argv = [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS), "-n", "2",
             "-ppn", "1", sys.executable, *BENCH, "--backend", "mpi", "--json", str(out)]
-    doc = bench_json(on_hosts([("cpf-h0", argv, {})]), out)
-    check_bench(doc)
+    with control() as seen:
+        proc = on_hosts([("cpf-h0", argv, {})])
+    doc = bench_json(proc, out)
+    check_bench(doc, seen)
     assert doc["env"]["launcher"] == "mpiexec"
 
 
@@ -120,10 +217,11 @@ def test_bench_across_hosts_with_srun_variables(hosts, tmp_path):
     out = tmp_path / "b.json"
     slurm = {"SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
              "SLURM_JOB_NODELIST": "cpf-h[0-1]", "SLURM_JOB_ID": "4242"}
-    proc = on_hosts([(h, [sys.executable, *BENCH, "--backend", "gloo", "--json", str(out)],
-                      {**slurm, "SLURM_PROCID": str(i)}) for i, h in enumerate(HOSTS)])
+    with control() as seen:
+        proc = on_hosts([(h, [sys.executable, *BENCH, "--backend", "gloo", "--json", str(out)],
+                          {**slurm, "SLURM_PROCID": str(i)}) for i, h in enumerate(HOSTS)])
     doc = bench_json(proc, out)
-    check_bench(doc)
+    check_bench(doc, seen)
     assert doc["env"]["launcher"] == "srun"
 
 
@@ -145,17 +243,21 @@ def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
     out = tmp_path / "b.json"
     argv = [*torchrun(2, 29413), "-m", "commprof", "bench", "all_reduce", "--groups", "intra,inter", "-b", "4M",
             "-e", "4M", "-n", "3", "-w", "1", "--backend", "gloo", "--json", str(out)]
-    doc = bench_json(on_hosts([(h, argv, {}) for h in HOSTS]), out)
+    with control() as seen:
+        proc = on_hosts([(h, argv, {}) for h in HOSTS])
+    doc = bench_json(proc, out)
     by_level = {r["level"]: r for r in doc["results"] if r["inplace"]}
     intra, inter = by_level["intra"], by_level["inter"]
     assert (intra["group_size"], intra["groups"], inter["group_size"], inter["groups"]) == (2, 2, 2, 2)
     assert all(r["wrong"] == 0 for r in doc["results"])
     # two pairs cross the hosts at once, both through each host's one link: the pair that ends last has
-    # waited for both pairs' bytes (half the link each, however TCP shared it on the way); within a host
-    # nothing is shaped
-    assert min(inter["group_busbw_GBps"]) == pytest.approx(RATE_GBPS / 2, rel=0.15), inter
-    assert max(inter["group_busbw_GBps"]) <= RATE_GBPS, inter
-    assert min(intra["group_busbw_GBps"]) > 4 * RATE_GBPS, intra
+    # waited for both pairs' bytes (half of what the link delivers each, however TCP shared it on the
+    # way); within a host nothing is shaped
+    print(f"control {[round(c, 5) for c in seen]} GB/s, inter {inter['group_busbw_GBps']}, "
+          f"intra {intra['group_busbw_GBps']}")
+    assert held_to(min(inter["group_busbw_GBps"]), seen, scale=0.5), (inter, seen)
+    assert max(inter["group_busbw_GBps"]) <= CEILING, inter
+    assert min(intra["group_busbw_GBps"]) > 4 * max(seen), (intra, seen)
 
 
 @pytest.mark.parametrize("args, words", [

@@ -39,3 +39,11 @@ class DesyncError(CommprofError):
     """Ranks called different collectives (name, size, dtype or group) at the same sequence number."""
 
     exit_code = 4
+
+
+class ScriptError(CommprofError):
+    """A profiled script's own failure: an exception it raised (exit 1) or a non-zero sys.exit (its status)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

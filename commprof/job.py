@@ -10,12 +10,14 @@ Ranks check in here before they touch the network: MPI_Init and a torch rendezvo
 so a peer that stops during start-up can only be seen before them.
 
 Without the folder (torchrun, srun, a bare mpiexec) every function here is a no-op that lets a rank
-speak for itself. Exercised by: `pytest tests/test_failures.py`.
+speak for itself. Under torchrun a failing rank also writes torchrun's own error file (`tell_torchrun`), so
+its summary names the rank that failed first. Exercised by: `pytest tests/test_failures.py`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -50,6 +52,24 @@ def claim(code: int, message: str, rank: int | None, where: Path | None = None) 
     with os.fdopen(fd, "w") as f:
         json.dump({"code": code, "message": message, "rank": rank}, f)
     return True
+
+
+def tell_torchrun(message: str, *, first: bool) -> None:
+    """The failure in torchrun's error file (TORCHELASTIC_ERROR_FILE; nothing without one). torchrun names as
+    `Root Cause` the failure with the smallest timestamp — whole seconds, a tie going to the lowest rank —
+    so the rank that failed `first` rounds its time down and a rank that only answered it (later, by
+    cause) rounds up. The one line, not the traceback: the rank has shown that once already."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    stamp = math.floor(now) if first else math.ceil(now)
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                       "timestamp": str(stamp)}}}, f)
+    except OSError:
+        pass
 
 
 def defer_to_launcher() -> None:

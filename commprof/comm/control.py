@@ -88,15 +88,18 @@ class ControlPlane:
         self._store.set(PREFIX + "verdict", json.dumps({"code": code, "message": message}))
 
     def verdict(self, *, within_s: float) -> dict | None:
-        """The claimant's verdict; acknowledged, so the claimant (maybe the store's host) may then exit."""
+        """The claimant's verdict, once posted (None if not within `within_s`)."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             if self._store.check([PREFIX + "verdict"]):
-                verdict = json.loads(self._store.get(PREFIX + "verdict"))
-                self._store.set(f"{PREFIX}ack/{self.rank}", "1")
-                return verdict
+                return json.loads(self._store.get(PREFIX + "verdict"))
             time.sleep(0.05)
         return None
+
+    def ack(self) -> None:
+        """This rank has the verdict and has saved what it measured: the claimant (maybe the store's host, and
+        a launcher ends every rank once one exits) may go."""
+        self._store.set(f"{PREFIX}ack/{self.rank}", "1")
 
     def wait_acks(self, ranks: list[int], *, within_s: float) -> None:
         """Until `ranks` have read the verdict: the store dies with rank 0, mid-request for a slow reader."""

@@ -60,13 +60,16 @@ class Logged(Work):
 
     def __init__(self, handle) -> None:
         super().__init__()
-        if handle._comm.clock.kind == "cuda":
-            def logged(done):
-                handle.complete_on_stream()
+        comm, cuda = handle._comm, handle._comm.clock.kind == "cuda"
+
+        def logged(done):
+            try:
+                if cuda:
+                    handle.complete_on_stream()
                 return done.value()
-        else:
-            def logged(done):
-                return done.value()
+            except Exception as exc:  # named as every Comm failure is; the reducer re-raises it as its own
+                raise comm.failure(handle._name, exc) from exc
+
         self._future = handle.get_future().then(logged)
 
     def get_future(self):

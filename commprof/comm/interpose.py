@@ -100,6 +100,8 @@ class Interposer:
         """Calls run as torch's own, by name: what Comm has no form for."""
         self._comms: dict[int, tuple] = {}
         """id(process group) -> (the group, its Comm): the group is kept so its id is never reused."""
+        self.fault = None
+        """This rank's injected faults (COMMPROF_FAULT, comm/faults.py), given to every group's Comm."""
 
     def comm(self, group) -> TorchComm:
         """The Comm of `group` (None: the default group), made on its first call."""
@@ -117,6 +119,7 @@ class Interposer:
         comm = comm_class(backend)(backend=backend, group=None if world else pg, ranks=ranks, control_group=None,
                                    device=device, clock=self.recorder.clock, recorder=self.recorder)
         comm.label = "world" if world else _label(ranks)
+        comm.fault = self.fault
         self._comms[id(pg)] = (pg, comm)
         return comm
 

@@ -33,6 +33,8 @@ from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 
 ANSWER_S = 2.0
 """How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
+ACK_S = 5.0
+"""How long the claimant waits, at most, for the ranks that answered to save their results and read the verdict."""
 
 
 class Watchdog:
@@ -110,8 +112,9 @@ class Watchdog:
                 self._answer(claim)
 
     # ---- failing --------------------------------------------------------------------------------
-    def fail(self, err: CommprofError) -> None:
-        """End the job for `err`, from any thread; never returns."""
+    def fail(self, err: CommprofError, say: str | None = None) -> None:
+        """End the job for `err`, from any thread; never returns. `say`: what this rank shows instead of the
+        one line when it speaks for the job and the verdict stays `err`'s (a script's own traceback)."""
         self._failing.acquire()  # a second failure (the other thread) waits here for the exit
         self._stop.set()
         code, message = err.exit_code, str(err)
@@ -130,13 +133,17 @@ class Watchdog:
                     message += "; rank 0 did not answer on the control plane"
                 if isinstance(err, PeerError):
                     job.defer_to_launcher()
+        if code != err.exit_code:
+            say = None  # the verdict is another failure (a desync): it speaks, not the rank's own words
         # Said and saved before the verdict goes out: the answering ranks exit on it, and mpiexec may then
         # stop this one at once.
-        self._leave(code, message, speak=True)
+        self._leave(code, message, speak=True, say=say)
         if control is not None:
             try:
                 control.post_verdict(code, message)
-                control.wait_acks(answered, within_s=1.0)  # rank 0 serves the store: let them read it
+                # rank 0 serves the store, and a launcher ends every rank once one exits: let them read
+                # the verdict and save what they measured first
+                control.wait_acks(answered, within_s=ACK_S)
             except Exception:
                 pass
         self._exit(code)
@@ -156,6 +163,10 @@ class Watchdog:
         except Exception:
             pass
         self._leave(code, message, speak=False)
+        try:
+            control.ack()
+        except Exception:
+            pass
         self._exit(code)
 
     def _snapshot(self, reason: str) -> dict:
@@ -169,7 +180,7 @@ class Watchdog:
                 if str(exc) not in message:  # the failure itself (a file that cannot be written) is said once
                     sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: {exc}\n")
 
-    def _leave(self, code: int, message: str, *, speak: bool) -> None:
+    def _leave(self, code: int, message: str, *, speak: bool, say: str | None = None) -> None:
         """Flight record dumped, results saved; the claimant records the job's failure and says it (an
         answering rank does not: it exits first and would silence the claimant in the job folder)."""
         if self._dump_dir:
@@ -178,8 +189,10 @@ class Watchdog:
             except OSError:
                 pass
         self._run_salvage(code, message)
+        job.tell_torchrun(message if speak else f"rank {self._rank} ended on a peer's failure: {message}",
+                          first=speak)
         if speak and job.claim(code, message, self._rank):
-            sys.stderr.write(f"commprof: error: {message}\n")
+            sys.stderr.write(say if say is not None else f"commprof: error: {message}\n")
             sys.stderr.flush()
 
     def _exit(self, code: int) -> None:

@@ -61,13 +61,16 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: start ranks "
                                                        "with mpiexec")
     p.add_argument("--warmup", type=int, default=1, help="iterations not measured (default 1)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a rank may wait on its peers (the script's own timeout=, if it gives one, wins)")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
     p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
     p.add_argument("--ddp-reducer", action=argparse.BooleanOptionalAction, default=True,
                    help="DDP's bucket all-reduces through Comm (default on; off: they stay unseen in C++)")
     p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
     p.add_argument("--trace", metavar="DIR", help="Chrome traces: one per rank and DIR/trace.json")
+    p.add_argument("--debug-dump", metavar="DIR",
+                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=main)
@@ -90,7 +93,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     rest = list(args.script_args)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    out = Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace)
+    out = Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace, debug_dump=args.debug_dump)
     out.check()
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,

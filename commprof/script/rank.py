@@ -5,9 +5,12 @@ its process group goes, and rank 0's report.
                                                └─ its end with the group alive: gather, destroy
             → rank 0: tables, --json; every rank: the script's own exit code
 
-The script's exceptions are its own: the first rank to fail shows the traceback (from the script's frames
-down), the job exits 1. A peer that stalls or dies reaches the others as commprof's one-line error (their
-collectives run through Comm, under --timeout unless the script set a timeout of its own).
+Once the script's process group exists, a watchdog (comm/watchdog.py) watches it as it watches `commprof run`:
+its collectives run through Comm, so a stall past --timeout (or the script's own timeout), a backend error,
+the script's exception or its non-zero exit is claimed on a control plane beside the script's rendezvous store;
+the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
+the rank that failed first speaks for the job — its traceback from the script's frames down (exit 1), or its
+exit status. Rank 0 keeps what it measured: its iterations so far, printed and in --json, marked incomplete.
 Exercised by: `pytest tests/test_profile_cli.py`.
 """
 
@@ -25,10 +28,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof import job
+from commprof import deadline, job
 from commprof.backends import slots
 from commprof.comm import _rendezvous, ddp_reducer, functional, interpose, join
-from commprof.errors import CommprofError, UsageError
+from commprof.comm.control import ControlPlane
+from commprof.comm.faults import Injector
+from commprof.comm.store import open_store
+from commprof.comm.watchdog import Watchdog
+from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.profile import hooks, trace
 from commprof.profile.clock import CpuClock
 from commprof.profile.recorder import OpRecorder
@@ -40,11 +47,14 @@ from commprof.world import World, usable_cores
 
 def run_rank(cfg, world: World) -> int:
     """This rank's exit code: the script's, or 1 when it raised, or 2 when it never made a process group."""
+    fault = Injector.for_rank(world.rank)
+    if fault is not None:
+        fault.start()
     _rendezvous_env(world)
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     job.check_in(world.rank, world.world_size, timeout_s=cfg.timeout_s)
     join("profile")  # the process ends through comm.end_process: see there why
-    session = Session(cfg, world)
+    session = Session(cfg, world, fault)
     try:
         code = session.run()
     finally:
@@ -62,10 +72,12 @@ def _rendezvous_env(world: World) -> None:
 class Session:
     """The script's run on this rank, with commprof underneath."""
 
-    def __init__(self, cfg, world: World) -> None:
-        self.cfg, self.world = cfg, world
+    def __init__(self, cfg, world: World, fault: Injector | None = None) -> None:
+        self.cfg, self.world, self.fault = cfg, world, fault
         self.recorder = OpRecorder(CpuClock())
         self.interposer = interpose.install(self.recorder)
+        self.interposer.fault = fault
+        self.watchdog: Watchdog | None = None
         if cfg.ddp_reducer:
             ddp_reducer.install(self.interposer)
         functional.install(self.interposer.unseen)
@@ -84,12 +96,35 @@ class Session:
             backend = self.cfg.backend
         if timeout is None:
             timeout = timedelta(seconds=self.cfg.timeout_s)
-        c10d.init_process_group(backend, init_method, timeout, *args, **kwargs)
+        timeout_s = timeout.total_seconds()
+        if self.fault is not None:
+            self.fault.start("init")
+        with deadline.guard("the rendezvous", timeout_s=timeout_s, rank=self.world.rank):
+            if init_method in (None, "env://") and not args and "store" not in kwargs and self._own_store():
+                # rank 0's store bound to the job's address, not every interface (comm/store.py)
+                kwargs.update(store=open_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                               rank=self.world.rank, world_size=self.world.world_size,
+                                               timeout_s=timeout_s),
+                              rank=self.world.rank, world_size=self.world.world_size)
+                init_method = None
+            c10d.init_process_group(backend, init_method, timeout, *args, **kwargs)
         self.initialised = True
         world = self.interposer.comm(None)
-        world.timeout_s = self.cfg.timeout_s
+        world.timeout_s = timeout_s
+        world.control = _control_plane(world)
+        self.watchdog = Watchdog(world, timeout_s=timeout_s, rank=self.world.rank,
+                                 dump_dir=self.cfg.out.dump_folder())
+        self.watchdog.on_failure(self._salvage)
+        self.watchdog.__enter__()
         if self.cfg.out.trace:
             self.tracer = trace.start(world, self.cfg.out.trace)
+
+    def _own_store(self) -> bool:
+        """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
+        commprof set them) and no torchrun agent serves one already."""
+        env = os.environ
+        return (env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env.get("RANK") == str(self.world.rank)
+                and env.get("WORLD_SIZE") == str(self.world.world_size) and "MASTER_PORT" in env)
 
     def _destroy(self, group=None):
         if group is None and self.gathered is None and c10d.is_initialized():
@@ -106,11 +141,15 @@ class Session:
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc.code)
-        except CommprofError:
+        except CommprofError as exc:
+            self._fail(exc)
             raise
         except KeyboardInterrupt:
             return 130
         except Exception as exc:
+            failed = _comm_failure(exc, self.recorder)
+            if failed is not None:  # a collective failed under the script (DDP's hook re-raises it as its own)
+                self._fail(failed)
             return self._raised(exc)
         if self.gathered is None:
             if not self.initialised:
@@ -127,29 +166,62 @@ class Session:
     def _exited(self, code: int) -> int:
         """The script's own exit status; a non-zero one is the job's (claimed before a peer, left waiting in a
         collective, calls it a lost peer), as `python train.py` or torchrun would end with it."""
-        if code != 0 and job.claim(code, f"rank {self.world.rank}: {self.cfg.script} exited with status {code}",
-                                   self.world.rank):
-            sys.stderr.write(f"commprof: error: rank {self.world.rank}: {self.cfg.script} exited with status "
-                             f"{code}\n")
+        if code == 0:
+            return code
+        message = f"rank {self.world.rank}: {self.cfg.script} exited with status {code}"
+        self._fail(ScriptError(message, code))
+        if job.claim(code, message, self.world.rank):
+            sys.stderr.write(f"commprof: error: {message}\n")
             sys.stderr.flush()
         return code
 
     def _raised(self, exc: Exception) -> int:
         """The script's own failure: its traceback once in the job (the first rank to fail), exit 1."""
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        if job.claim(1, f"rank {self.world.rank}: {self.cfg.script} raised {type(exc).__name__}: {first}",
-                     self.world.rank):
-            tb = exc.__traceback__
-            script = os.path.abspath(self.cfg.script)
-            while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
-                tb = tb.tb_next
-            sys.stderr.write(f"rank {self.world.rank}: ")
-            if tb is None and isinstance(exc, SyntaxError):  # as `python train.py` shows it: no frames
-                sys.stderr.writelines(traceback.format_exception_only(type(exc), exc))
-            else:
-                traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+        message = f"rank {self.world.rank}: {self.cfg.script} raised {type(exc).__name__}: {first}"
+        tb = exc.__traceback__
+        script = os.path.abspath(self.cfg.script)
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+            tb = tb.tb_next
+        if tb is None and isinstance(exc, SyntaxError):  # as `python train.py` shows it: no frames
+            shown = traceback.format_exception_only(type(exc), exc)
+        else:
+            shown = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+        said = f"rank {self.world.rank}: " + "".join(shown)
+        self._fail(ScriptError(message), say=said)
+        if job.claim(1, message, self.world.rank):
+            sys.stderr.write(said)
             sys.stderr.flush()
         return 1
+
+    def _fail(self, err: CommprofError, say: str | None = None) -> None:
+        """End the job for `err` through the watchdog, once the script's group exists (never returns then):
+        the peers learn of it at once, and the flight records tell a desync from the rest."""
+        if self.watchdog is not None and self.gathered is None:
+            self.watchdog.fail(err, say=say)
+
+    def _salvage(self, code: int, message: str) -> None:
+        """Rank 0's iterations so far, printed and in --json, marked incomplete: the failure ends the job
+        before every rank's figures can be gathered."""
+        if self.world.rank != 0:
+            return
+        from commprof.script.results import partial
+
+        t = self.tracker
+        mine = self._result(list(t.iterations), list(t.volumes))
+        have = slots(self.cfg.backend)
+        env = merge_env([local_env(torch.device("cpu"))], backend=c10d.get_backend() if c10d.is_initialized()
+                        else self.cfg.backend, world_size=self.world.world_size,
+                        local_world_size=self.world.local_world_size, slots=have,
+                        oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
+                        clock="cpu", argv=["commprof", *self.cfg.out.argv])
+        doc = partial(self.cfg, mine, env, reason=message)
+        if doc.get("summary") is not None:
+            self._print(doc)
+            sys.stdout.write(f"incomplete: rank 0's {len(mine['iterations'])} measured iteration(s) only: "
+                             f"{message}\n")
+        if self.cfg.out.json:
+            files.write_atomic(self.cfg.out.json, json.dumps(doc, indent=1) + "\n")
 
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
@@ -160,10 +232,7 @@ class Session:
             self.tracer = None
             if merged is not None:
                 sys.stderr.write(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev\n")
-        t = self.tracker
-        result = {"rank": self.world.rank, "iterations": t.iterations, "volume_steps": t.volumes,
-                  "found": t.index, "outside": step_volume(t.outside), "unseen": dict(self.interposer.unseen),
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        result = self._result(self.tracker.iterations, self.tracker.volumes)
         pieces = comm.gather_object(local_env(torch.device("cpu")), dst=0)
         results = comm.gather_object(result, dst=0)
         env = None
@@ -174,20 +243,38 @@ class Session:
                             oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
                             clock="cpu", argv=["commprof", *self.cfg.out.argv])
         self.gathered = (results, env)
+        self._unwatch()
+
+    def _result(self, iterations: list, volumes: list) -> dict:
+        t = self.tracker
+        return {"rank": self.world.rank, "iterations": iterations, "volume_steps": volumes, "found": t.index,
+                "outside": step_volume(t.outside), "unseen": dict(self.interposer.unseen),
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+    def _unwatch(self) -> None:
+        """Every rank's figures are in: the watchdog goes before the script's group does."""
+        if self.watchdog is not None:
+            watchdog, self.watchdog = self.watchdog, None
+            watchdog.__exit__(None, None, None)
 
     def report(self, results: list[dict], env: dict) -> None:
-        from rich.console import Console
-
-        from commprof.report.script_table import profile_tables
         from commprof.script.results import combine
 
         doc = combine(self.cfg, results, env)
+        self._print(doc)
+        if self.cfg.out.json:
+            files.write_atomic(self.cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
+
+    @staticmethod
+    def _print(doc: dict) -> None:
+        from rich.console import Console
+
+        from commprof.report.script_table import profile_tables
+
         out = Console()
         console = out if out.is_terminal else Console(width=200)
         for table in profile_tables(doc):
             console.print(table)
-        if self.cfg.out.json:
-            files.write_atomic(self.cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
 
     def close(self) -> None:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""
@@ -196,6 +283,34 @@ class Session:
         functional.uninstall()
         dist.init_process_group, dist.destroy_process_group = self._saved
         interpose.uninstall()
+
+
+def _control_plane(world) -> ControlPlane | None:
+    """A client of its own to the script's rendezvous store (a TCPStore), for the watchdog; None for one rank
+    or a store of another kind (file://), where the watchdog still times every op."""
+    if world.world_size < 2:
+        return None
+    store = c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # env:// under torchrun, and every group, wrap it in prefixes
+        store = store.underlying_store
+    if not isinstance(store, dist.TCPStore):
+        return None
+    try:
+        return ControlPlane.connect(host=store.host, port=store.port, rank=world.rank, world_size=world.world_size)
+    except Exception:
+        return None
+
+
+def _comm_failure(exc: BaseException, recorder) -> CommprofError | None:
+    """The Comm failure behind a script's exception: in its chain, or — re-raised by C++ (DDP's reducer
+    runs the comm hook's future there), the chain lost — one of the script's groups that failed."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, CommprofError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    failed = next((c for c in recorder.comms if c.failed is not None), None)
+    return failed.failure(failed.failed, exc) if failed is not None else None
 
 
 def _exit_code(code) -> int:

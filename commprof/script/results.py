@@ -51,3 +51,13 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
         "outside_iterations": first["outside"],
         "unseen": dict(unseen),
     }
+
+
+def partial(cfg, result: dict, env: dict, *, reason: str) -> dict:
+    """One rank's figures when the job failed before every rank's could be gathered: the report of that rank
+    alone, marked incomplete (no summary when it measured no iteration)."""
+    doc = {"complete": False, "reason": reason, "ranks_reported": [result["rank"]],
+           "note": f"rank {result['rank']} only: the job failed before every rank's figures were gathered"}
+    if not result["iterations"]:
+        return {**doc, "env": env, "config": dataclasses.asdict(cfg), "summary": None}
+    return {**doc, **combine(cfg, [result], env)}

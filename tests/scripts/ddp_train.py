@@ -13,6 +13,9 @@ p.add_argument("--bucket-mb", type=float, default=0.05)
 p.add_argument("--state", help="write the final parameters here (rank 0)")
 p.add_argument("--hook", action="store_true", help="register torch's own all-reduce comm hook")
 p.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
+p.add_argument("--misbehave", choices=["barrier", "all_reduce", "raise"],
+               help="rank 1 at step --at: an extra barrier, an extra all_reduce of 4 floats, or an exception")
+p.add_argument("--at", type=int, default=0, help="the step rank 1 misbehaves at")
 args = p.parse_args()
 
 dist.init_process_group()
@@ -31,6 +34,13 @@ for step in range(args.steps):
     x = torch.randn(16 * world, 32, generator=g)
     y = torch.randint(0, 10, (16 * world,), generator=g)
     mine = slice(16 * rank, 16 * (rank + 1))
+    if args.misbehave and rank == 1 and step == args.at:
+        if args.misbehave == "barrier":
+            dist.barrier()
+        elif args.misbehave == "all_reduce":
+            dist.all_reduce(torch.ones(4))
+        else:
+            raise RuntimeError(f"bad batch at step {step}")
     loss = torch.nn.functional.cross_entropy(ddp(x[mine]), y[mine])
     opt.zero_grad()
     loss.backward()

@@ -1,0 +1,105 @@
+"""How `commprof profile` fails when the script misbehaves, as `commprof run` does: a desync between the
+ranks' calls (exit 4, both calls named, flight records written), the rank that failed first named with its
+own traceback or exit status — under commprof's launcher, mpiexec and torchrun — what rank 0 measured kept,
+and COMMPROF_FAULT. Real gloo ranks, unchanged scripts (tests/scripts/, or written here)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from spawn import _run, commprof, env_for_tests
+
+SCRIPTS = Path(__file__).with_name("scripts")
+DDP = str(SCRIPTS / "ddp_train.py")
+TIMEOUT = "5"
+
+
+def one_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commprof: error: "), proc.stderr[-3000:]
+    return lines[0][len("commprof: error: "):]
+
+
+def no_commprof_frames(proc) -> None:
+    assert "Traceback" not in proc.stderr and "commprof/" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_different_collectives_on_two_ranks_are_a_desync(tmp_path, backend):
+    script = tmp_path / "desync.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      "for _ in range(3):\n"
+                      "    dist.all_reduce(torch.ones(1024))\n"
+                      "if dist.get_rank() == 0:\n"
+                      "    dist.all_reduce(torch.ones(1024))\n"
+                      "else:\n"
+                      "    dist.all_gather_into_tensor(torch.empty(2048), torch.ones(1024))\n")
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "2", "--backend", backend, "--timeout", TIMEOUT, "--json", str(out),
+                    str(script))
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert one_line(proc) == ("desync at all_reduce seq 4 (world): rank 0 called all_reduce 4 KiB float32, "
+                              "rank 1 called all_gather 8 KiB float32")
+    for rank in (0, 1):  # beside the --json file, as `run` writes them
+        flight = json.loads((tmp_path / f"rank{rank}.flight.json").read_text())
+        assert flight["rank"] == rank and flight["seqs"] == {"world": 4}
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"].startswith("desync at all_reduce seq 4")
+
+
+@pytest.mark.parametrize("misbehave,called", [("barrier", "rank 1 called barrier 0 B"),
+                                              ("all_reduce", "rank 1 called all_reduce 16 B float32")])
+def test_an_extra_call_inside_a_ddp_loop_is_a_desync_not_the_survivors_error(tmp_path, misbehave, called):
+    # gloo may abort the rank that made the extra call; its peer then sees a reset connection — neither is
+    # the cause: the ranks called different things at one seq
+    dump = tmp_path / "dump"
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--debug-dump", str(dump), "--", DDP,
+                    "--steps", "6", "--misbehave", misbehave, "--at", "3")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    line = one_line(proc)
+    assert line.startswith("desync at ") and line.endswith(called), line
+    no_commprof_frames(proc)
+    assert sorted(p.name for p in dump.iterdir()) == ["rank0.flight.json", "rank1.flight.json"]
+
+
+def test_a_crash_keeps_what_rank_0_measured(tmp_path):
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--json", str(out), "--", DDP,
+                    "--steps", "8", "--misbehave", "raise", "--at", "6")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback (most recent call last)") == 1
+    assert proc.stderr.count("RuntimeError: bad batch at step 6") == 1 and "commprof/" not in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["ranks_reported"] == [0]
+    assert doc["reason"] == f"rank 1: {DDP} raised RuntimeError: bad batch at step 6"
+    # steps 0-5 ended on rank 0 (step 0 the warm-up); step 6 waits on rank 1, which raised there
+    assert doc["steps"]["found"] == 6 and [it["step"] for it in doc["iterations"]] == [1, 2, 3, 4, 5]
+    assert all(it["rank"] == 0 and it["wall_ms"] > 0 for it in doc["iterations"])
+    assert "time per iteration" in proc.stdout and "incomplete: rank 0's 5 measured iteration(s) only" in proc.stdout
+
+
+def test_under_torchrun_the_traceback_shows_once_and_the_failing_rank_is_the_root_cause(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof",
+               "profile", "--timeout", TIMEOUT, "--", DDP, "--steps", "6", "--misbehave", "raise", "--at", "3"]
+    proc = _run([(command, env_for_tests())], timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    # the script's frames once (torchrun's own traceback, of its ChildFailedError, follows them)
+    assert proc.stderr.count('ddp_train.py", line') == 1 and "commprof/" not in proc.stderr, proc.stderr[-3000:]
+    root = proc.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert "rank      : 1 (local_rank: 1)" in root, proc.stderr[-3000:]
+    assert f"traceback : rank 1: {DDP} raised RuntimeError: bad batch at step 3" in root
+
+
+@pytest.mark.parametrize("fault,code,said", [
+    ("stall:rank=1:op=all_reduce:seq=3", 3, "rank 0: all_reduce did not complete within 5 s (--timeout): a peer "
+                                            "rank stalled or died"),
+    ("desync:rank=1:op=all_reduce:seq=3", 4, "desync at "),
+])
+def test_injected_faults_work_under_profile(tmp_path, fault, code, said):
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--", DDP, "--steps", "6",
+                    env=env_for_tests(COMMPROF_FAULT=fault))
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert one_line(proc).startswith(said)

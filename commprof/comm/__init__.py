@@ -47,6 +47,8 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
         if fault is not None:
             fault.start("init")
         if backend == "mpi":
+            if world.local_world_size >= world.world_size:
+                _loopback_transports()
             comm = _init_mpi(world, oversubscribed)
             comm.timeout_s = timeout_s
             if world.world_size > 1:
@@ -180,6 +182,17 @@ def import_mpi():
         raise UsageError(f"no usable MPI library ({str(exc).splitlines()[0]}): install one, e.g. "
                          "pip install 'commprof[mpich]'") from None
     return MPI
+
+
+LOOPBACK_ENV = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
+"""A job on one host: the MPI library's network transports on loopback (UCX, libfabric's tcp and sockets
+providers listen on the host's own address otherwise), read by MPI_Init; a user's own setting wins. Hydra's
+control port is its own: it binds every interface and has no setting (README, Errors and exit codes)."""
+
+
+def _loopback_transports() -> None:
+    for key, value in LOOPBACK_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 def _init_mpi(world: World, oversubscribed: bool) -> Comm:

@@ -12,6 +12,7 @@ tests/test_phases.py as 2 real gloo processes.
 
 import json
 import sys
+import threading
 import time
 
 import torch
@@ -39,6 +40,24 @@ def forward(phases: Phases, ms: float) -> tuple[int, int, int, int]:
         spin(ms)
         inside_1 = time.perf_counter_ns()
     return inside_0, inside_1, outside_0, time.perf_counter_ns()
+
+
+def wake_late(spin_ms: float, wake_ms: float) -> float:
+    """The control for an async op's completion stamp, taken in the same run: how late (ms) a Python thread
+    that wakes at `wake_ms` gets to stamp while the main thread spins for `spin_ms` — the GIL and a core
+    that gloo's completion callback needs too, on a machine as busy as it is now."""
+    stamped = []
+    began = time.perf_counter_ns()
+
+    def wake() -> None:
+        time.sleep(wake_ms / 1e3)
+        stamped.append(time.perf_counter_ns())
+
+    thread = threading.Thread(target=wake)
+    thread.start()
+    spin(spin_ms)
+    thread.join()
+    return max(0.0, (stamped[0] - began) / MS - wake_ms)
 
 
 def main() -> None:
@@ -70,7 +89,8 @@ def main() -> None:
                 handle.wait()
                 # comm − exposed is the time from the op's issue to the wait's start: bracketed by these
                 gaps = {"issue_to_wait_min_ms": (before_wait - after_issue) / MS,
-                        "issue_to_wait_max_ms": (before_wait - before_issue) / MS}
+                        "issue_to_wait_max_ms": (before_wait - before_issue) / MS,
+                        "wake_late_ms": wake_late(compute_ms, join_ms)}
             else:
                 gaps = {}
                 edges = forward(phases, compute_ms)

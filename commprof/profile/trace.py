@@ -37,6 +37,8 @@ FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
 """Ops whose spans on every member of their group are joined by flow arrows: the collectives."""
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
+IDLE_WAIT_S = 0.2
+"""How long a SIGTERM handler waits for a write in progress on another thread before it defers to its end."""
 FLUSH_NS = 200_000_000
 """Otherwise the buffer is written when a range at the top (an iteration, a bench op: inside at most the
 `measured` range) ends at least this long after the last write: what a SIGKILL can lose."""
@@ -91,6 +93,10 @@ class TraceRecorder:
         self._prefixes: dict = {}
         self._seq: dict[tuple, int] = {}
         self._lock = threading.Lock()
+        """Held while the buffer is swapped or the file written: a SIGTERM handler that finds it held waits for
+        `on_idle` (the main thread may be the one it interrupted, mid-write)."""
+        self.on_idle = None
+        """Called once the current write ends: a SIGTERM that came while the main thread was writing."""
         self._closed = False
         self._flushed = time.perf_counter_ns()
         self.gpu: StreamSpans | None = None
@@ -176,8 +182,22 @@ class TraceRecorder:
                                        "dur": round((t1 - t0) / 1e3, 3)}, separators=(",", ":")) + ",\n")
         self._in_flight(spans, out)
         if out:
-            self._f.write("".join(out))
-            self._f.flush()
+            with self._lock:
+                if not self._closed:  # another thread may have closed it meanwhile (a failure's salvage)
+                    self._f.write("".join(out))
+                    self._f.flush()
+        if self.on_idle is not None and threading.current_thread() is threading.main_thread():
+            deferred, self.on_idle = self.on_idle, None
+            deferred()
+
+    def idle(self) -> bool:
+        """Whether no thread is swapping the buffer or writing (waits a moment for one that is: a backend
+        thread's op() is quick; the main thread, interrupted by a signal inside a write, never ends it while
+        its handler waits)."""
+        if not self._lock.acquire(timeout=IDLE_WAIT_S):
+            return False
+        self._lock.release()
+        return True
 
     def _prefix(self, label) -> tuple[str, str]:
         """Cached text around ts/dur of a training-thread span."""
@@ -226,10 +246,13 @@ class TraceRecorder:
         if self._closed:
             return
         self.flush(final=True)
-        self._closed = True
-        self._f.write(json.dumps({"name": "trace_end", "ph": "M", "pid": self.rank, "tid": 0,
-                                  "args": {"open_ranges": len(self._stack)}}) + "\n]\n")
-        self._f.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._f.write(json.dumps({"name": "trace_end", "ph": "M", "pid": self.rank, "tid": 0,
+                                      "args": {"open_ranges": len(self._stack)}}) + "\n]\n")
+            self._f.close()
 
 
 def start(comm, directory: str | Path) -> TraceRecorder:
@@ -251,6 +274,12 @@ def start(comm, directory: str | Path) -> TraceRecorder:
     ANNOTATOR.trace = trace
     if threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):
+            # a second SIGTERM (a launcher passes the group's on) would run this again inside the first and
+            # end the process before the file is closed
+            signal.signal(signum, signal.SIG_IGN)
+            if not trace.idle():  # interrupted inside a write (an EINTR runs handlers there): it ends first
+                trace.on_idle = lambda: on_term(signum, None)
+                return
             ANNOTATOR.trace = None
             trace.close()
             signal.signal(signum, signal.SIG_DFL)

@@ -1,8 +1,8 @@
 """One rank of the calibrated pipeline: p stages whose forward sleeps F ms and backward B ms per
 micro-batch, so the ideal GPipe/1F1B bubble is exactly (p − 1) / (m + p − 1). Rank 0 prints, per
-micro-batch count, each stage's measured bubble fraction (median over steps) next to that prediction.
+schedule and micro-batch count, each stage's measured bubble fraction (median over steps) next to that prediction.
 
-    python tests/bubble_worker.py '{"schedule": "pipeline-gpipe", "micro_batches": [4, 8]}'
+    python tests/bubble_worker.py '{"schedules": ["pipeline-gpipe"], "micro_batches": [4, 8]}'
 
 Started by tests/test_pipeline.py as 4 real gloo processes (see commprof.run.calibrated).
 """
@@ -20,12 +20,13 @@ from commprof.world import discover
 def main(spec: dict) -> int:
     comm = init_comm(discover(), backend="gloo", timeout_s=120)
     p = comm.world_size
-    for m in spec["micro_batches"]:
-        steps = calibrated_bubble(comm, spec["schedule"], micro_batches=m, fwd_ms=20, bwd_ms=40)
-        every = comm.gather_object(float(np.median([s["fraction"] for s in steps])), dst=0)
-        if comm.rank == 0:
-            print(json.dumps({"micro_batches": m, "stages": p, "measured": every,
-                              "predicted": (p - 1) / (m + p - 1)}), flush=True)
+    for schedule in spec["schedules"]:
+        for m in spec["micro_batches"]:
+            steps = calibrated_bubble(comm, schedule, micro_batches=m, fwd_ms=20, bwd_ms=40)
+            every = comm.gather_object(float(np.median([s["fraction"] for s in steps])), dst=0)
+            if comm.rank == 0:
+                print(json.dumps({"schedule": schedule, "micro_batches": m, "stages": p, "measured": every,
+                                  "predicted": (p - 1) / (m + p - 1)}), flush=True)
     comm.control_barrier()
     comm.close()
     return 0

@@ -85,7 +85,7 @@ def test_three_stages_by_measured_time_on_gpt2():
 def test_four_stages_and_a_frozen_first_stage():
     rows = _pipeline_rows(4, "gpt2-tiny")
     assert [len(r["measured_by_rank"]) for r in rows] == [4, 4]
-    frozen = run_worker(2, "gloo", strategies=["pipeline-gpipe"], model="alexnet", frozen=True, batch=2, steps=2,
+    frozen = run_worker(2, "gloo", strategies=["pipeline-gpipe"], model="squeezenet1_0", frozen=True, batch=2, steps=2,
                         lr=0.01, replicas=1, extra={"micro_batches": 2, "cuts": [1]})[0]
     assert frozen["max_abs_diff"] <= 2e-5
     # the frozen backbone trains nothing, so no gradient goes back to it
@@ -101,13 +101,14 @@ def test_hybrid_dp_by_pp_on_four_ranks():
         assert row["measured_by_rank"][0]["all_reduce (dp)"] == (260 + 5020) * 4  # stage 0: conv1 + conv2
 
 
-@pytest.mark.parametrize("schedule", PIPES)
-def test_calibrated_bubble_matches_prediction(schedule):
+def test_calibrated_bubble_matches_prediction():
+    # both schedules in one job: four ranks start once
     proc = spawn([sys.executable, str(HERE / "bubble_worker.py"),
-                  json.dumps({"schedule": schedule, "micro_batches": [2, 8]})], nproc=4, backend="gloo", timeout=240)
+                  json.dumps({"schedules": list(PIPES), "micro_batches": [2, 8]})], nproc=4, backend="gloo",
+                 timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["micro_batches"] for r in rows] == [2, 8]
+    assert [(r["schedule"], r["micro_batches"]) for r in rows] == [(s, m) for s in PIPES for m in (2, 8)]
     for row in rows:
         for measured in row["measured"]:
             assert measured == pytest.approx(row["predicted"], rel=0.15), row

@@ -59,9 +59,12 @@ def check_one_to_one(records, directory: Path, nproc: int) -> None:
         seen = by_tid[tid]
         assert [s[:3] for s in spans] == [s[:3] for s in seen]  # names, categories, nesting, order
         gaps = sorted(abs(n[3] - t[3]) for n, t in zip(seen, spans))
-        # both stamped just before the push and the pop: apart by a call's cost, or a rare preemption
+        # both stamped just before the push and the pop: apart by a call's cost, or a rare preemption. What a
+        # call costs on the machine as busy as it is now: the shortest range of the same run (a push and a pop
+        # with little but commprof's own code between them), the control added to the idle machine's bounds
+        call = min(s[3] for s in seen)
         median, p95 = gaps[len(gaps) // 2], gaps[int(0.95 * (len(gaps) - 1))]
-        assert median < 5_000 and p95 < 50_000, (median, p95, gaps[-1])
+        assert median < 5_000 + call and p95 < 50_000 + call, (median, p95, gaps[-1], call)
 
 
 def check_merged(path: Path, nproc: int) -> dict:

@@ -11,7 +11,7 @@ the script's exception or its non-zero exit is claimed on a control plane beside
 the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
 the rank that failed first speaks for the job — its traceback from the script's frames down (exit 1), or its
 exit status. Rank 0 keeps what it measured: its iterations so far, printed and in --json, marked incomplete.
-Exercised by: `pytest tests/test_profile_cli.py`.
+Exercised by: `pytest tests/test_profile_cli.py tests/test_profile_failures.py`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ from spawn import _run, env_for_tests
 ROOT = Path(__file__).resolve().parents[1]
 FABRIC = str(ROOT / "tools" / "fabric")
 RATE, RATE_GBPS = "200mbit", 0.025
-HOSTS = ("cpf-h0", "cpf-h1")
+NAME = f"t{os.getpid()}"
+"""This run's fabric (COMMPROF_FABRIC): another checkout's tests, or its benchmarks, may have theirs up."""
+HOSTS = (f"{NAME}-h0", f"{NAME}-h1")
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")),
@@ -29,7 +31,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def fabric(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([FABRIC, *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([FABRIC, *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, COMMPROF_FABRIC=NAME))
     assert not check or proc.returncode == 0, proc.stderr
     return proc
 
@@ -45,8 +48,8 @@ def hosts():
 
 def on_hosts(commands: list[tuple[str, list[str], dict]], timeout: float = 180) -> subprocess.CompletedProcess:
     """Each (host, argv, extra env) started at once inside its host; the worst exit code."""
-    return _run([([FABRIC, "exec", host, "--", *argv], env_for_tests(**extra)) for host, argv, extra in commands],
-                timeout)
+    return _run([([FABRIC, "exec", host, "--", *argv], env_for_tests(COMMPROF_FABRIC=NAME, **extra))
+                 for host, argv, extra in commands], timeout)
 
 
 def bench_json(proc: subprocess.CompletedProcess, path: Path) -> dict:
@@ -173,16 +176,17 @@ BENCH = ["-m", "commprof", "bench", "all_reduce", "--algo", "library,ring", "-b"
 
 
 def test_hosts_have_names_addresses_and_no_way_out(hosts):
-    assert hosts == [("cpf-h0", "10.231.7.1"), ("cpf-h1", "10.231.7.2")]
-    out = fabric("exec", "cpf-h1", "--", "sh", "-c", "hostname; getent hosts cpf-h0; ip route").stdout.splitlines()
-    assert out[0] == "cpf-h1" and out[1].split() == ["10.231.7.1", "cpf-h0"]
+    assert hosts == [(HOSTS[0], "10.231.7.1"), (HOSTS[1], "10.231.7.2")]
+    out = fabric("exec", HOSTS[1], "--", "sh", "-c", f"hostname; getent hosts {HOSTS[0]}; ip route").stdout
+    out = out.splitlines()
+    assert out[0] == HOSTS[1] and out[1].split() == ["10.231.7.1", HOSTS[0]]
     assert out[2:] == [r for r in out[2:] if r.startswith("10.231.7.0/24")] and out[2:], out  # no default route
-    assert "cpf-h" not in subprocess.run(["hostname"], capture_output=True, text=True).stdout  # ours untouched
+    assert NAME not in subprocess.run(["hostname"], capture_output=True, text=True).stdout  # ours untouched
 
 
 def torchrun(nproc_per_host: int, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(HOSTS)), "--nproc-per-node",
-            str(nproc_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"cpf-h0:{port}", "--rdzv-id", "t"]
+            str(nproc_per_host), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOSTS[0]}:{port}", "--rdzv-id", "t"]
 
 
 def test_bench_across_hosts_under_torchrun_with_a_trace(hosts, tmp_path):
@@ -195,7 +199,7 @@ def test_bench_across_hosts_under_torchrun_with_a_trace(hosts, tmp_path):
     assert doc["env"]["launcher"] == "torchrun"
     # the hosts share one clock: the offset measured for the other host is ~0, within its bound
     clocks = json.loads((tmp_path / "trace" / "trace.json").read_text())["otherData"]["clock_sync"]
-    other = next(r for r in clocks["ranks"] if r["host"] == "cpf-h1")
+    other = next(r for r in clocks["ranks"] if r["host"] == HOSTS[1])
     assert abs(other["measured_offset_ns"]) <= other["bound_ns"], other
     assert other["applied_offset_ns"] == other["measured_offset_ns"]  # another host: its offset is applied
 
@@ -207,7 +211,7 @@ def test_bench_across_hosts_under_mpiexec(hosts, tmp_path):
     argv = [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS), "-n", "2",
             "-ppn", "1", sys.executable, *BENCH, "--backend", "mpi", "--json", str(out)]
     with control() as seen:
-        proc = on_hosts([("cpf-h0", argv, {})])
+        proc = on_hosts([(HOSTS[0], argv, {})])
     doc = bench_json(proc, out)
     check_bench(doc, seen)
     assert doc["env"]["launcher"] == "mpiexec"
@@ -216,7 +220,7 @@ def test_bench_across_hosts_under_mpiexec(hosts, tmp_path):
 def test_bench_across_hosts_with_srun_variables(hosts, tmp_path):
     out = tmp_path / "b.json"
     slurm = {"SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1",
-             "SLURM_JOB_NODELIST": "cpf-h[0-1]", "SLURM_JOB_ID": "4242"}
+             "SLURM_JOB_NODELIST": f"{NAME}-h[0-1]", "SLURM_JOB_ID": "4242"}
     with control() as seen:
         proc = on_hosts([(h, [sys.executable, *BENCH, "--backend", "gloo", "--json", str(out)],
                           {**slurm, "SLURM_PROCID": str(i)}) for i, h in enumerate(HOSTS)])
@@ -263,8 +267,8 @@ def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (("up", "0"), "up 0: give 1 to 200 hosts"),
     (("up", "2", "--rate", "fast"), "--rate 'fast': give tc units"),
-    (("exec", "cpf-h9", "--", "true"), "no host 'cpf-h9'"),
-    (("exec", "cpf-h0"), "give a command"),
+    (("exec", f"{NAME}-h9", "--", "true"), f"no host '{NAME}-h9'"),
+    (("exec", HOSTS[0]), "give a command"),
 ])
 def test_bad_input_is_one_line_exit_2(hosts, args, words):
     proc = fabric(*args, check=False)
@@ -294,3 +298,24 @@ def test_pinned_hosts_run_on_cores_of_their_own(hosts):
         assert proc.returncode == 2 and f"--pin gives each host cores of its own: {len(cores) + 1} hosts" in proc.stderr
     finally:
         fabric("up", str(len(HOSTS)), "--rate", RATE)  # the module's hosts as they were
+
+
+def test_two_fabrics_keep_their_own_hosts(hosts):
+    """Another fabric up and down beside this one (another checkout's tests, a benchmark) leaves ours be."""
+    other = dict(os.environ, COMMPROF_FABRIC=f"{NAME}x")
+
+    def theirs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FABRIC, *args], capture_output=True, text=True, timeout=120, env=other)
+
+    try:
+        assert theirs("up", "1").returncode == 0
+        assert theirs("hosts").stdout.split() == [f"{NAME}x-h0", "10.231.7.1"]
+        assert [tuple(line.split()) for line in fabric("hosts").stdout.splitlines()] == hosts
+    finally:
+        assert theirs("down").returncode == 0
+    assert theirs("hosts").stdout == ""
+    assert fabric("exec", HOSTS[1], "--", "hostname").stdout.strip() == HOSTS[1]  # ours still up
+    bad = subprocess.run([FABRIC, "hosts"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, COMMPROF_FABRIC="a b"))
+    assert bad.returncode == 2 and bad.stderr == "fabric: error: COMMPROF_FABRIC='a b': give 1 to 12 letters " \
+        "or digits\n", bad.stderr

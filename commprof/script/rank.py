@@ -21,7 +21,6 @@ import os
 import resource
 import runpy
 import sys
-import traceback
 from datetime import timedelta
 
 import torch
@@ -42,6 +41,7 @@ from commprof.profile.recorder import OpRecorder
 from commprof.profile.volume import step_volume
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
+from commprof.script import ending
 from commprof.world import World, usable_cores
 
 
@@ -140,14 +140,14 @@ class Session:
             runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as exc:
-            code = _exit_code(exc.code)
+            code = ending.exit_code(exc.code)
         except CommprofError as exc:
             self._fail(exc)
             raise
         except KeyboardInterrupt:
             return 130
         except Exception as exc:
-            failed = _comm_failure(exc, self.recorder)
+            failed = ending.comm_failure(exc, self.recorder)
             if failed is not None:  # a collective failed under the script (DDP's hook re-raises it as its own)
                 self._fail(failed)
             return self._raised(exc)
@@ -179,15 +179,7 @@ class Session:
         """The script's own failure: its traceback once in the job (the first rank to fail), exit 1."""
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         message = f"rank {self.world.rank}: {self.cfg.script} raised {type(exc).__name__}: {first}"
-        tb = exc.__traceback__
-        script = os.path.abspath(self.cfg.script)
-        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
-            tb = tb.tb_next
-        if tb is None and isinstance(exc, SyntaxError):  # as `python train.py` shows it: no frames
-            shown = traceback.format_exception_only(type(exc), exc)
-        else:
-            shown = traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
-        said = f"rank {self.world.rank}: " + "".join(shown)
+        said = f"rank {self.world.rank}: " + ending.script_traceback(exc, self.cfg.script)
         self._fail(ScriptError(message), say=said)
         if job.claim(1, message, self.world.rank):
             sys.stderr.write(said)
@@ -299,25 +291,3 @@ def _control_plane(world) -> ControlPlane | None:
         return ControlPlane.connect(host=store.host, port=store.port, rank=world.rank, world_size=world.world_size)
     except Exception:
         return None
-
-
-def _comm_failure(exc: BaseException, recorder) -> CommprofError | None:
-    """The Comm failure behind a script's exception: in its chain, or — re-raised by C++ (DDP's reducer
-    runs the comm hook's future there), the chain lost — one of the script's groups that failed."""
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, CommprofError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    failed = next((c for c in recorder.comms if c.failed is not None), None)
-    return failed.failure(failed.failed, exc) if failed is not None else None
-
-
-def _exit_code(code) -> int:
-    """sys.exit's argument as the process would turn it into a status."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    sys.stderr.write(f"{code}\n")
-    return 1

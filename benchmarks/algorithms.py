@@ -132,8 +132,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs per configuration for the 64 MiB ratio")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size (-n)")
     p.add_argument("--sweep-max", default="16M", help="largest size of the model sweep (-e)")
-    p.add_argument("--json", default=str(HERE / "algorithms-results.json"))
-    p.add_argument("--png", default=str(HERE / "algorithms.png"))
+    p.add_argument("--json", default=str(HERE / "results" / "algorithms-results.json"))
+    p.add_argument("--png", default=str(HERE / "results" / "algorithms.png"))
     p.add_argument("--replot", action="store_true", help="only redraw the table and PNG from --json")
     args = p.parse_args()
     if args.replot:

@@ -89,7 +89,7 @@ def main() -> None:
     p.add_argument("--script", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "ddp-profiled-results.json"))
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ddp-profiled-results.json"))
     args = p.parse_args()
     if args.script:
         script(args.steps)

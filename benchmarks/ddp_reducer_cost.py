@@ -142,7 +142,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turns", type=int, default=24, help="measured turns (each: one step of every arm)")
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "ddp-reducer-cost-results.json"))
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ddp-reducer-cost-results.json"))
     args = p.parse_args()
     if args.worker:
         return worker(args.turns)

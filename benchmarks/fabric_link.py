@@ -91,7 +91,7 @@ def ddp(out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="1gbit,200mbit")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "fabric-link-results.json"))
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "fabric-link-results.json"))
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="fabric-link-") as tmp:

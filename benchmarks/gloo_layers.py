@@ -108,7 +108,7 @@ def measure(turns: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--turns", type=int, default=3000)
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "gloo-layers-results.json"))
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "gloo-layers-results.json"))
     args = p.parse_args()
     result = measure(args.turns)
     print(f"torch's call: {result['torch_us']:.2f} µs (median of {args.turns} turns)")

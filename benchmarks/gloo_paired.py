@@ -243,7 +243,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64K,1M,16M", help="comma list, K/M suffixes")
     parser.add_argument("--blocks", type=int, default=12, help="blocks of N interleaved turns (default 12)")
-    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "gloo-paired-results.json"),
+    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "results" / "gloo-paired-results.json"),
                         help="results file; '' for none")
     args = parser.parse_args()
     mult = {"K": 1 << 10, "M": 1 << 20}

@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--nproc", default="1,2")
     p.add_argument("--launchers", default="gloo,mpi")
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "interpose-overhead-results.json"))
+    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "interpose-overhead-results.json"))
     args = p.parse_args()
     if args.worker:
         worker(args.rounds, args.iters)

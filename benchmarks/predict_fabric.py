@@ -89,8 +89,8 @@ def one_rate(rate: str, tmp: Path, plot: Path | None) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="50mbit,100mbit")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "predict-fabric-results.json"))
-    ap.add_argument("--plot", default=str(ROOT / "benchmarks" / "predict-fabric.png"), help="of the first rate")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "predict-fabric-results.json"))
+    ap.add_argument("--plot", default=str(ROOT / "benchmarks" / "results" / "predict-fabric.png"), help="of the first rate")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="predict-fabric-") as tmp:
         results = [one_rate(rate, Path(tmp), Path(args.plot) if i == 0 else None)

@@ -1,7 +1,7 @@
 """Start-up: whole-process wall time of short commprof commands, this checkout against an older commit,
 interleaved round by round on the same machine (medians; the machine is shared and noisy).
 
-    python benchmarks/startup.py [--baseline REV] [--rounds 7] [--json benchmarks/startup-results.json]
+    python benchmarks/startup.py [--baseline REV] [--rounds 7] [--json benchmarks/results/startup-results.json]
 
 REV (default: the commit before the start-up work) is checked out into a temporary git worktree; each
 command runs with PYTHONPATH set to one checkout or the other (the worktree also gets a commprof/kernels
@@ -61,7 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--json", default=str(HERE / "benchmarks" / "startup-results.json"))
+    parser.add_argument("--json", default=str(HERE / "benchmarks" / "results" / "startup-results.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"

@@ -7,7 +7,7 @@ Each round runs the three configurations once, in a rotating order, as separate 
 "NVTX off" is NVTX_DISABLE=1, which turns the nvtx package into no-ops. The trace size is the bytes of
 both per-rank files divided by (iterations × ranks).
 
-    python benchmarks/trace_overhead.py [--rounds 5] [--steps 60] [--json benchmarks/trace-overhead-results.json]
+    python benchmarks/trace_overhead.py [--rounds 5] [--steps 60] [--json benchmarks/results/trace-overhead-results.json]
 
 Whole runs on this VM swing by ±15 % between runs, far above the 1 % asked of NVTX, so the script
 also measures the cost itself, in one process per configuration with nothing else in the loop: the
@@ -112,7 +112,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--json", default=str(HERE / "trace-overhead-results.json"))
+    p.add_argument("--json", default=str(HERE / "results" / "trace-overhead-results.json"))
     args = p.parse_args()
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

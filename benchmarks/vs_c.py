@@ -33,7 +33,7 @@ MPI itself costs) and against mpi4py (what Python and mpi4py cost, so commprof â
 own path).
 
     python benchmarks/vs_c.py [--backend mpi|gloo|both] [--quick] [--rounds 7] [--multiple]
-                              [--sizes 8,1K,64K,1M,16M] [--json benchmarks/vs-c-results.json]
+                              [--sizes 8,1K,64K,1M,16M] [--json benchmarks/results/vs-c-results.json]
 
 ~5 minutes at the defaults on 2 cores (commprof's own start-up is most of it); --quick: 3 rounds of a
 fifth of the iterations, ~2 minutes.
@@ -341,8 +341,8 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of sizes, K/M suffixes")
     parser.add_argument("--multiple", action="store_true",
                         help="two more MPI columns: C and mpi4py at MPI_THREAD_MULTIPLE")
-    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "vs-c-results.json"),
-                        help="results file (default benchmarks/vs-c-results.json); '' for none")
+    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "results" / "vs-c-results.json"),
+                        help="results file (default benchmarks/results/vs-c-results.json); '' for none")
     parser.add_argument("--worker", choices=("mpi4py", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("-n", type=int, default=20, help=argparse.SUPPRESS)
     parser.add_argument("-w", type=int, default=5, help=argparse.SUPPRESS)

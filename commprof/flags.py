@@ -1,14 +1,24 @@
-"""Checks on numeric flag values that `commprof bench` and `commprof run` share: one line naming the flag
-and the value, before any rank starts.
+"""The flags every job takes, declared once for bench, run and profile (where its ranks run, how long one
+may wait, where the job writes), and the checks on numeric flag values the commands share: one line naming
+the flag and the value, before any rank starts.
 
-Exercised by: `pytest tests/test_fuzz_cli.py`.
+Exercised by: `pytest tests/test_fuzz_cli.py tests/test_bench_cli.py`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 
+from commprof.backends import BACKENDS
 from commprof.errors import UsageError
+
+TIMEOUT_S = 300.0
+"""--timeout's default, the same for every command: how long one rank may wait on its peers in one op, or
+in the rendezvous, before the job ends (exit 3). Long enough for the slowest wait a healthy job makes — a
+first step that builds NCCL's communicators, loads its data and compiles; bench's largest size on a slow
+link — and still half of torch's own default for NCCL (10 min; gloo's is 30), so a stall is named within
+five minutes."""
 
 INT64_MAX = (1 << 63) - 1
 """The largest whole number a flag may be: torch holds counts, sizes and steps in int64."""
@@ -16,6 +26,27 @@ INT64_MAX = (1 << 63) - 1
 MAX_TIMEOUT_S = 1e9
 """The longest --timeout: gloo counts its deadline in int64 nanoseconds, and 1e10 s already overflows
 them (the rendezvous then times out at once)."""
+
+
+def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout: str = "") -> None:
+    """--backend, --nproc, --timeout, --json, --trace and --debug-dump, as every command that starts ranks
+    takes them. `nproc`: what --nproc defaults to; `json`: what --json holds; `timeout`: a word on
+    --timeout of the command's own."""
+    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: ranks started "
+                                                       "by mpiexec")
+    p.add_argument("--nproc", type=int, help=f"local ranks to start (default: {nproc})")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                   help=f"seconds a rank may wait on its peers (default {TIMEOUT_S:g}){timeout}")
+    p.add_argument("--json", metavar="PATH", help=json)
+    p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
+    p.add_argument("--debug-dump", metavar="DIR",
+                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
+
+
+def check_job_flags(args: argparse.Namespace) -> None:
+    """The checks on add_job_flags' numbers."""
+    at_least("--nproc", args.nproc, 1)
+    timeout(args.timeout)
 
 
 def at_least(flag: str, value: int | None, low: int) -> None:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
@@ -114,11 +115,28 @@ def check(command: str, base: list[str], grid: dict[str, list[str]]) -> tuple[li
     return runnable, skipped
 
 
-def main(request: tuple[str, list[str]]) -> int:
-    """Run the grid `commprof <command> <argv>`; the exit code: 0, 1 when a combination failed."""
+@dataclass(frozen=True)
+class Plan:
+    """A grid, or one job with --plot, as checked before anything runs."""
+
+    grid: dict[str, list[str]]
+    """Each grid flag's values (empty: one job)."""
+    base: list[str]
+    """The arguments every job gets: argv without the grid's flags and the outputs."""
+    outputs: dict[str, str]
+    """--json, --csv, --plot, --trace and --link-rate as given: the grid's own."""
+    link_GBps: float | None
+    """--link-rate in GB/s, drawn on bench's --plot figures."""
+    runnable: list[dict]
+    """The combinations that can run."""
+    skipped: list[dict]
+    """The combinations that cannot, each with why."""
+
+
+def plan(command: str, argv: list[str]) -> Plan:
+    """Every check of `commprof <command> <argv>` that needs no rank; raises UsageError."""
     from commprof import world
 
-    command, argv = request
     if world.discover().launched:
         raise UsageError("a grid (comma lists in " + ", ".join(GRID_FLAGS[command]) + ") starts its own ranks: "
                          "run it without torchrun, mpiexec or srun")
@@ -130,6 +148,14 @@ def main(request: tuple[str, list[str]]) -> int:
                   {f: outputs.get(f) for f in ("--plot", "--trace")})
     link = _link_rate(command, outputs)
     runnable, skipped = check(command, base, grid)
+    return Plan(grid, base, outputs, link, runnable, skipped)
+
+
+def main(request: tuple[str, list[str]]) -> int:
+    """Run the grid `commprof <command> <argv>`; the exit code: 0, 1 when a combination failed."""
+    command, argv = request
+    p = plan(command, argv)
+    grid, base, outputs, link, runnable, skipped = p.grid, p.base, p.outputs, p.link_GBps, p.runnable, p.skipped
     from rich.console import Console
 
     err = Console(stderr=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from commprof import cli, kernels, lifecycle
+from commprof import cli, kernels, lifecycle, sweep
 from commprof.bench import command as bench
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import BACKENDS
@@ -243,6 +243,10 @@ def check(argv: list[str]) -> Outcome:
     out, err, seen = io.StringIO(), io.StringIO(), {}
     with _as_cli_main(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
+            if argv and argv[0] in sweep.GRID_FLAGS and sweep.wanted(argv[0], argv[1:]):
+                # a grid, or --plot: cli hands it to sweep, whose plan is every check before a job starts
+                code = cli.call(lambda a: _plan(a, seen), argv)
+                return Outcome(code, err.getvalue(), out.getvalue(), seen.get("config"), seen.get("nproc"))
             args = _parser().parse_args(argv)
             args.argv = argv
             code = cli.call(lambda a: _configure(a, seen), args)
@@ -271,6 +275,15 @@ def _as_cli_main():
             os.environ.pop(key, None)
             if value is not None:
                 os.environ[key] = value
+
+
+def _plan(argv: list[str], seen: dict) -> int:
+    plan = sweep.plan(argv[0], argv[1:])
+    if not plan.grid:  # one job with --plot: the config its job gets
+        args = _parser().parse_args([argv[0], *plan.base])
+        args.argv = [argv[0], *plan.base]
+        return _configure(args, seen)
+    return 0
 
 
 def _configure(args, seen: dict) -> int:

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commprof import flags, kernels, lifecycle
-from commprof.backends import (BACKENDS, DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops,
+from commprof.backends import (DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops,
                                require_cuda, unsupported)
 from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
@@ -40,11 +40,9 @@ def add_parser(subparsers, summary: str) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                    help=f"any of {', '.join(COLLECTIVES)} (default: all)")
-    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
     p.add_argument("--algo", default=kernels.LIBRARY,
                    help=f"library (the backend's own, default), any of {', '.join(kernels.names())}, "
                         "a comma list, or all (library and every algorithm)")
-    p.add_argument("--nproc", type=int, help="start N local ranks (default: one per core, or per GPU)")
     p.add_argument("--group-sizes", metavar="K,K,…",
                    help="run every collective on the first K ranks while the others wait, for each K in turn")
     p.add_argument("--concurrent", action="store_true",
@@ -63,15 +61,11 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("-a", "--average", choices=("avg", "min", "max"), default="avg",
                    help="reported time across ranks (default avg)")
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on its peers")
-    p.add_argument("--json", metavar="PATH", help="write env + results as JSON")
-    p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
+    flags.add_job_flags(p, nproc="one per core, or per GPU", json="write env + results as JSON")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--link-rate", metavar="RATE",
                    help="the link's rate, drawn on --plot's bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
-    p.add_argument("--debug-dump", metavar="DIR",
-                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
     p.set_defaults(func=main)
 
 
@@ -115,11 +109,11 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
-    for flag, value, low in (("--nproc", args.nproc, 1), ("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
+    flags.check_job_flags(args)
+    for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
                              ("--root", args.root, 0)):
         flags.at_least(flag, value, low)
     flags.finite("-f", args.stepfactor)
-    flags.timeout(args.timeout)
     group_sizes = flags.int_list("--group-sizes", args.group_sizes)
     if args.concurrent and not group_sizes:
         raise UsageError("--concurrent runs groups of --group-sizes ranks at once: give --group-sizes")
@@ -137,7 +131,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
         timeout_s=args.timeout, nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
         levels=levels,
-        out=Outputs(argv=tuple(args.argv), json=args.json, csv=args.csv, trace=args.trace, debug_dump=args.debug_dump))
+        out=Outputs.from_args(args))
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
         _require_supported(cfg)

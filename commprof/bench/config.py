@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
+from commprof.flags import TIMEOUT_S
 from commprof.report.files import Outputs
 
 MODES = (False, True)
@@ -51,7 +52,7 @@ class BenchConfig:
     """How per-rank times combine into the reported time (-a): avg, min or max over ranks."""
     root: int = 0
     """Root rank for broadcast and reduce."""
-    timeout_s: float = 120.0
+    timeout_s: float = TIMEOUT_S
     """A rank blocked longer than this in one op ends the run (--timeout)."""
     nproc: int | None = None
     """Local ranks to start (--nproc); None: one per core, or per GPU."""

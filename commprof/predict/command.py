@@ -78,11 +78,9 @@ def main(args: argparse.Namespace) -> int:
     doc = {"command": "predict", "fabric": fabric.as_record(), "inputs": rows}
     render(doc)
     if args.json:
-        import json
+        from commprof.report.files import write_result
 
-        from commprof.report.files import write_atomic
-
-        write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
+        write_result(args.json, doc)
     if args.plot:
         plot(doc, args.plot)
     return 0

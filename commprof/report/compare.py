@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections import defaultdict
 
 from rich.console import Console
 from rich.table import Table
 
-from commprof.report.files import write_atomic
+from commprof.report.files import write_atomic, write_result
 from commprof.report.table import ranks_key, ranks_label
 from commprof.report.units import format_bytes
 
@@ -206,7 +205,7 @@ def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = No
         rows = run_rows(doc["runs"])
         out.print(run_table(rows))
     if json_path:
-        write_atomic(json_path, json.dumps(doc, indent=1) + "\n")
+        write_result(json_path, doc)
     if csv_path:
         write_atomic(csv_path, _csv(rows, RUN_COLUMNS if doc["command"] == "run" else None))
     if not plot_dir:

@@ -124,12 +124,18 @@ def _writable(flag: str, value: str, folder: str) -> None:
         raise UsageError(f"{flag} {value}: cannot write in {folder} ({exc.strerror or exc})") from None
 
 
+def write_result(path: str | Path, doc: dict, *, snapshot: bool = False) -> None:
+    """Every command's JSON document, written one way: indented, atomically. `snapshot`: the results of a
+    job still going (not synced to disk, skipped for a device or a pipe)."""
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=not snapshot, snapshot=snapshot)
+
+
 def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,
                reason: str | None = None, snapshot: bool = False) -> None:
     """The bench's results so far; `complete` False (with the reason) while or because the sweep stopped
-    early; `snapshot`: while it goes (not synced to disk, skipped for a device or a pipe)."""
+    early; `snapshot`: while it goes."""
     doc = {"complete": complete, **({"reason": reason} if reason else {}), "env": env, "results": results}
-    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=not snapshot, snapshot=snapshot)
+    write_result(path, doc, snapshot=snapshot)
 
 
 def mark_incomplete(path: str | Path, reason: str) -> None:
@@ -144,7 +150,7 @@ def mark_incomplete(path: str | Path, reason: str) -> None:
     if not isinstance(doc, dict) or doc.get("complete") is True:
         return
     doc = {"complete": False, "reason": reason, **{k: v for k, v in doc.items() if k not in ("complete", "reason")}}
-    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    write_result(path, doc)
 
 
 def write_csv(path: str | Path, results: list[dict], *, snapshot: bool = False) -> None:
@@ -169,6 +175,12 @@ class Outputs:
     """--trace: the folder of the per-rank Chrome traces and the merged trace.json."""
     debug_dump: str | None = None
     """--debug-dump: the folder of each rank's flight record after a failure."""
+
+    @classmethod
+    def from_args(cls, args) -> "Outputs":
+        """The output flags a command's parser gave (flags.add_job_flags; --csv where it has one)."""
+        return cls(argv=tuple(args.argv), json=args.json, csv=getattr(args, "csv", None), trace=args.trace,
+                   debug_dump=args.debug_dump)
 
     def check(self) -> None:
         """Every path here can be written, and no two flags name one file; raises UsageError."""

@@ -12,14 +12,13 @@ Exercised by: `pytest tests/test_run_cli.py` and `pytest tests/test_fuzz_cli.py`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 from rich.console import Console
 
 from commprof import flags, lifecycle
-from commprof.backends import BACKENDS, default_backend, require_cuda
+from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import SOURCES as DATA
@@ -40,8 +39,6 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--strategy", default="ddp", help=f"{', '.join(CATALOG)} (default ddp)")
     p.add_argument("--model", default="mnist-cnn", help="see --list-models (default mnist-cnn)")
     p.add_argument("--list-models", action="store_true", help="list the models and exit")
-    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo")
-    p.add_argument("--nproc", type=int, help="local ranks to start (default: one per core or GPU; single: 1)")
     p.add_argument("--data", default="synthetic", help=f"{', '.join(DATA)} (default synthetic)")
     p.add_argument("--data-dir", help="directory of the real data files (the file itself for --data text)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
@@ -73,13 +70,9 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--samples", type=int, help="synthetic data set size")
     p.add_argument("--loss-threshold", type=float, help="report the first step at or below this loss")
     p.add_argument("--eval-samples", type=int, default=1000, help="held-out samples for accuracy (default 1000)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a rank may wait on its peers")
+    flags.add_job_flags(p, nproc="one per core or GPU; single: 1", json="every figure per rank per iteration")
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
-    p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
-    p.add_argument("--debug-dump", metavar="DIR",
-                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
-    p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--torch-profiler", metavar="DIR",
                    help="also a PyTorch profiler (Kineto) trace per rank, with what Holistic Trace Analysis needs")
     p.set_defaults(func=main)
@@ -105,7 +98,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
                              ("--epochs", args.epochs, 1), ("--eval-samples", args.eval_samples, 0),
                              ("--seq-len", args.seq_len, 2), ("--samples", args.samples, 1),
                              ("--num-classes", args.num_classes, 1), ("--image-size", args.image_size, 1),
-                             ("--channels", args.in_channels, 1), ("--nproc", args.nproc, 1)):
+                             ("--channels", args.in_channels, 1)):
         flags.at_least(flag, value, low)
     if not -(1 << 63) <= args.seed < 1 << 64:  # what torch.manual_seed takes
         raise UsageError(f"--seed {args.seed} does not fit in 64 bits")
@@ -136,7 +129,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
     if args.bucket_mb is not None and args.bucket_mb * 2 ** 20 > MAX_SIZE:  # ddp takes int(MiB × 2**20)
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} is over {MAX_SIZE >> 20} MiB")
-    flags.timeout(args.timeout)
+    flags.check_job_flags(args)
     steps = args.steps if args.steps is not None or args.epochs is not None else 20
     if args.warmup >= (steps or 10 ** 9):
         raise UsageError(f"--warmup {args.warmup} leaves no measured step of --steps {steps}")
@@ -154,7 +147,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
         eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
-        out=Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace, debug_dump=args.debug_dump))
+        out=Outputs.from_args(args))
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:
@@ -236,7 +229,7 @@ class _Run:
         if said:
             console.print(said, highlight=False)
         if cfg.out.json:
-            files.write_atomic(cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
+            files.write_result(cfg.out.json, {"complete": True, **doc})
         return 0
 
 
@@ -274,5 +267,5 @@ class _Partial:
         doc = {"complete": False, "reason": reason, "world_size": self.world_size,
                "note": f"iterations of rank {self.rank} only: the other ranks' figures are gathered at the end",
                "iterations": {str(self.rank): self.iterations}}
-        files.write_atomic(self.path, json.dumps(doc, indent=1) + "\n", snapshot=snapshot)
+        files.write_result(self.path, doc, snapshot=snapshot)
         self.saved = time.monotonic()

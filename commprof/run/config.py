@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from commprof.flags import TIMEOUT_S
 from commprof.report.files import Outputs
 
 
@@ -79,7 +80,7 @@ class RunConfig:
     """Report the first step whose loss (mean over ranks) is at or below this."""
     eval_samples: int = 1000
     """Held-out samples to measure accuracy on after training (0: none)."""
-    timeout_s: float = 300.0
+    timeout_s: float = TIMEOUT_S
     """Seconds a rank may wait on its peers."""
     save_state: str | None = None
     """Write the final full model state_dict here (rank 0)."""

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 from commprof import flags, launch
-from commprof.backends import BACKENDS, default_backend, require_cuda, slots
+from commprof.backends import default_backend, require_cuda, slots
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
 from commprof.world import discover
@@ -57,20 +57,13 @@ class ProfileConfig:
 def add_parser(subparsers, summary: str) -> None:
     p = subparsers.add_parser("profile", help=summary, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, help="local ranks to start (default: one per core or GPU, at least 2)")
-    p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: start ranks "
-                                                       "with mpiexec")
     p.add_argument("--warmup", type=int, default=1, help="iterations not measured (default 1)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds a rank may wait on its peers (the script's own timeout=, if it gives one, wins)")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
     p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
     p.add_argument("--ddp-reducer", action=argparse.BooleanOptionalAction, default=True,
                    help="DDP's bucket all-reduces through Comm (default on; off: they stay unseen in C++)")
-    p.add_argument("--json", metavar="PATH", help="every figure per rank per iteration")
-    p.add_argument("--trace", metavar="DIR", help="Chrome traces: one per rank and DIR/trace.json")
-    p.add_argument("--debug-dump", metavar="DIR",
-                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
+    flags.add_job_flags(p, nproc="one per core or GPU, at least 2", json="every figure per rank per iteration",
+                        timeout="; the script's own timeout=, if it gives one, wins")
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=main)
@@ -83,17 +76,15 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
-    if args.nproc is not None:
-        flags.at_least("--nproc", args.nproc, 1)
     flags.at_least("--warmup", args.warmup, 0)
     for flag, value in (("--steps-per-epoch", args.steps_per_epoch), ("--global-batch", args.global_batch)):
         if value is not None:
             flags.at_least(flag, value, 1)
-    flags.timeout(args.timeout)
+    flags.check_job_flags(args)
     rest = list(args.script_args)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    out = Outputs(argv=tuple(args.argv), json=args.json, trace=args.trace, debug_dump=args.debug_dump)
+    out = Outputs.from_args(args)
     out.check()
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,

@@ -16,7 +16,6 @@ Exercised by: `pytest tests/test_profile_cli.py tests/test_profile_failures.py`.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import runpy
@@ -213,7 +212,7 @@ class Session:
             sys.stdout.write(f"incomplete: rank 0's {len(mine['iterations'])} measured iteration(s) only: "
                              f"{message}\n")
         if self.cfg.out.json:
-            files.write_atomic(self.cfg.out.json, json.dumps(doc, indent=1) + "\n")
+            files.write_result(self.cfg.out.json, doc)
 
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
@@ -255,7 +254,7 @@ class Session:
         doc = combine(self.cfg, results, env)
         self._print(doc)
         if self.cfg.out.json:
-            files.write_atomic(self.cfg.out.json, json.dumps({"complete": True, **doc}, indent=1) + "\n")
+            files.write_result(self.cfg.out.json, {"complete": True, **doc})
 
     @staticmethod
     def _print(doc: dict) -> None:

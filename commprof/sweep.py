@@ -93,14 +93,15 @@ def label(combo: dict[str, str]) -> str:
 
 def check(command: str, base: list[str], grid: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
     """(combinations that can run, skipped ones with why); UsageError for a value no combination takes."""
-    from commprof import cli, lifecycle
+    from commprof import lifecycle
+    from commprof.commands import COMMANDS, parse
 
-    module = __import__(cli.COMMANDS[command][0], fromlist=["COMMAND"])
+    module = __import__(COMMANDS[command][0], fromlist=["COMMAND"])
     runnable, skipped, works = [], [], {flag: set() for flag in grid}
     for combo in combinations(grid):
         argv = [command, *base, *(f"{flag}={value}" for flag, value in combo.items())]
         try:
-            lifecycle.configure(module.COMMAND, cli.parse(argv, command))
+            lifecycle.configure(module.COMMAND, parse(argv, command))
         except UsageError as exc:
             skipped.append({"label": label(combo), "config": combo, "reason": str(exc)})
             continue

@@ -1,5 +1,6 @@
-"""The layout holds: no module imports from a layer above its own, and every module's "Exercised by"
-line names tests that exist. Read from the source as text and syntax trees; nothing is imported or run."""
+"""The layout holds: no module imports from a layer above its own, no modules import each other in a
+circle (within a layer, which the first rule cannot see), and every module's "Exercised by" line names
+tests that exist. Read from the source as text and syntax trees; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ LAYERS = (
     ("strategies", "kernels"),
     ("launch", "lifecycle"),
     ("bench", "run", "script", "predict"),
-    ("cli", "nsys", "sweep", "__main__"),
+    ("commands", "cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own
 layer or lower ones only."""
@@ -61,6 +62,56 @@ def test_modules_import_nothing_from_layers_above_them(path):
     name = _layer(path)
     upward = sorted(m for m in _imported(path) if LAYER.get(m.split(".")[1], -1) > LAYER[name])
     assert not upward, f"{path.relative_to(ROOT)} ({name}) imports {', '.join(upward)} from a layer above it"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _edges(path: Path, modules: set[str]) -> set[str]:
+    """The modules `path` imports: `from commprof.data import keys` is an edge to commprof.data.keys (a
+    submodule), not to the package commprof.data."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs if len(subs) == len(node.names) else subs | {node.module}
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return (found & modules) - {_module(path)}
+
+
+def _circles() -> list[list[str]]:
+    """Every group of modules that reach each other through imports (strongly connected, more than one)."""
+    paths = [*_sources(), ROOT / "commprof" / "__init__.py"]
+    modules = {_module(p) for p in paths}
+    graph = {_module(p): _edges(p, modules) for p in paths}
+    order, low, stack, found = {}, {}, [], []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert _circles() == []
 
 
 def _exercised() -> list[tuple[str, str, str | None]]:

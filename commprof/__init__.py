@@ -9,9 +9,10 @@ A script run under `commprof profile` may mark its own iterations and phases: `c
 
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
-  errors, world, measurement, backends,    what a job is, what every figure means, what each backend
-  flags, job, deadline                     can run (named before any rank loads torch); a
-                                           start-up deadline that needs no interpreter
+  errors, world, measurement, stats,       what a job is, what every figure means and its statistics,
+  backends, flags, job, deadline           what each backend can run (named before any rank loads
+                                           torch), the flags every job takes; a start-up deadline
+                                           that needs no interpreter
   report/                                  tables, atomic JSON/CSV, the env block, plots, comparisons,
                                            `commprof report`
   profile/                                 clocks, the op log, phases, volume, NVTX, traces
@@ -22,7 +23,7 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   launch, lifecycle                        the launcher; the job's life cycle every command runs through
   bench/, run/, script/, predict/          the commands: a config, one rank's work, rank 0's report;
                                            a traced iteration replayed at N ranks
-  cli, nsys, sweep, __main__               the command line; grids of whole jobs
+  commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs
 """
 
 __version__ = "0.1.0"

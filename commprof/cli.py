@@ -16,7 +16,7 @@ import sys
 from typing import NoReturn
 
 from commprof import job, sweep
-from commprof.commands import COMMANDS, build_parser, parse  # noqa: F401 (cli's own names too)
+from commprof.commands import parse
 from commprof.errors import CommprofError, PeerError, UnsupportedError, UsageError
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from commprof import cli, kernels, lifecycle, sweep
+from commprof import cli, commands, kernels, lifecycle, sweep
 from commprof.bench import command as bench
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import BACKENDS
@@ -259,7 +259,7 @@ def check(argv: list[str]) -> Outcome:
 
 @functools.cache
 def _parser():
-    return cli.build_parser()  # parsing leaves a parser as it was; building one is most of a check's time
+    return commands.build_parser()  # parsing leaves a parser as it was; building one is most of a check's time
 
 
 @contextlib.contextmanager

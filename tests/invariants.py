@@ -1,4 +1,4 @@
-"""Figures that never contradict their definitions (DESIGN.md's measurement model), checked on every
+"""Figures that never contradict their definitions (docs/design.md's measurement model), checked on every
 iteration record and volume row a test reads from a `commprof run` JSON."""
 
 EPS_MS = 1e-6

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 
 from cli_fuzz import (BENCH_ARGV, FLAGS, RUN_ARGV, SLOW_IS_FINE, TAG, boundary_argv, check, invalid_argv, leftovers,
                       problem)
-from commprof.cli import build_parser
+from commprof.commands import build_parser
 from commprof.flags import INT64_MAX, MAX_TIMEOUT_S
 from commprof.report.units import MAX_SIZE
 from spawn import commprof, env_for_tests

@@ -5,7 +5,7 @@ within 15% of the step measured there. Skips where this is not root or `ip`, `tc
 
 The model keeps compute a few percent of a step: on two cores, three or four ranks share cores (host i
 runs on core i mod cores), which slows the compute the prediction keeps as measured on two hosts. FSDP's
-prediction is held to runs by benchmarks/predict_fabric.py (README): on gloo its step at a given rank
+prediction is held to runs by benchmarks/predict_fabric.py (docs/predict.md): on gloo its step at a given rank
 count varies more from run to run (its ops overlap on gloo's worker threads and share the link)."""
 
 import json

@@ -78,7 +78,7 @@ def _listening(pids) -> list[str]:
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_a_local_job_listens_on_loopback_only(backend):
     # the store, and under MPI the library's transports (UCX, libfabric); Hydra's control port, which mpiexec
-    # opens on every interface and its ranks inherit, is mpiexec's own and has no setting (README)
+    # opens on every interface and its ranks inherit, is mpiexec's own and has no setting (docs/failures.md)
     tag = uuid.uuid4().hex
     proc = subprocess.Popen([sys.executable, "-m", "commprof", *LONG, "--backend", backend, "--nproc", "2"],
                             env=env_for_tests(COMMPROF_TEST_TAG=tag), stdout=subprocess.DEVNULL,

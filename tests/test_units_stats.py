@@ -5,7 +5,7 @@ import pytest
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.errors import UsageError
-from commprof.profile.stats import bandwidths, summarize
+from commprof.stats import bandwidths, summarize
 from commprof.report.units import format_bytes, parse_rate, parse_size
 
 

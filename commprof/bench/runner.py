@@ -30,7 +30,7 @@ from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.errors import UsageError
 from commprof.profile.recorder import NAME, NBYTES
-from commprof.profile.stats import bandwidths, summarize
+from commprof.stats import bandwidths, summarize
 
 LIBRARY = kernels.LIBRARY
 SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)

@@ -187,7 +187,7 @@ def import_mpi():
 LOOPBACK_ENV = {"UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo"}
 """A job on one host: the MPI library's network transports on loopback (UCX, libfabric's tcp and sockets
 providers listen on the host's own address otherwise), read by MPI_Init; a user's own setting wins. Hydra's
-control port is its own: it binds every interface and has no setting (README, Errors and exit codes)."""
+control port is its own: it binds every interface and has no setting (docs/failures.md)."""
 
 
 def _loopback_transports() -> None:

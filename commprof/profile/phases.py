@@ -6,7 +6,7 @@ step, `data` for the input pipeline; profile/annotate.py) and a pair of clock st
 completion, one place), and the blocked spans from it too: a synchronous op blocks the training
 thread for its whole duration, an async op only inside `Handle.wait()`.
 
-Per iteration (DESIGN.md's measurement model):
+Per iteration (docs/design.md's measurement model):
     compute  = |union of compute phases − blocked time|   (a blocking op inside a phase is not compute)
     comm     = |union of comm spans|
     overlap  = |compute ∩ comm|

@@ -93,7 +93,7 @@ def modes(module: ModuleType) -> tuple[bool, ...]:
     return getattr(module, "MODES", (False, True))
 
 
-class Bound:
+class AlgorithmComm:
     """A Comm whose `<collective>` method runs a hand-written algorithm on it; everything else
     (rank, world_size, send, recorder, …) is the Comm's own. The bench's prepared cases call it
     exactly as they call a Comm."""
@@ -106,6 +106,6 @@ class Bound:
         return getattr(self._comm, name)
 
 
-def bind(comm, module: ModuleType) -> Bound:
+def bind(comm, module: ModuleType) -> AlgorithmComm:
     """`comm`, with `module`'s collective run by `module`."""
-    return Bound(comm, module)
+    return AlgorithmComm(comm, module)

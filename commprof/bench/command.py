@@ -30,7 +30,7 @@ from commprof.measurement import COLLECTIVES
 from commprof.profile.contention import note as contention_note
 from commprof.report import files
 from commprof.report.files import Outputs
-from commprof.report.table import avg_busbw, bench_table, header, ranks_key, ranks_label
+from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
 from commprof.report.units import parse_size
 from commprof.world import World
 
@@ -193,7 +193,7 @@ class _Bench:
         shapes = layouts(cfg, world.world_size, hosts)
         plans = [plan(cfg, layout.size) for layout in shapes]
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-        sink = _Sink(cfg, rank.env, plans, shapes, rank.contention) if rank.world.rank == 0 else None
+        sink = SweepReport(cfg, rank.env, plans, shapes, rank.contention) if rank.world.rank == 0 else None
         if sink is not None:
             rank.on_failure(sink.abandon)
         for layout, the_plan in zip(shapes, plans):
@@ -222,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
     return lifecycle.main(COMMAND, args)
 
 
-class _Sink:
+class SweepReport:
     """Rank 0's end of the sweep: progress bar, a table per collective and layout of the ranks, files
     rewritten as rows arrive, and a scaling table per collective when groups of several sizes ran."""
 

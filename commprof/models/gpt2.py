@@ -29,8 +29,8 @@ GPT2_TINY = TransformerConfig(n_layer=2, n_head=4, d_model=32, vocab_size=65, se
 """The `gpt2-tiny` preset."""
 
 
-class Final(nn.Module):
-    """Final LayerNorm and LM head: the last FSDP unit."""
+class NormAndHead(nn.Module):
+    """The final LayerNorm and LM head: the last FSDP unit."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -49,7 +49,7 @@ class GPT2Model(nn.Module):
         self.config = config
         self.embed = Embeddings(config, norm=False)
         self.blocks = nn.ModuleList(Block(config, causal=True, pre_ln=True) for _ in range(config.n_layer))
-        self.final = Final(config)
+        self.final = NormAndHead(config)
         init_weights(self)
         # GPT-2 scales the projections that write into the residual stream by 1/sqrt(2·n_layer), so
         # the stream's variance does not grow with depth.

@@ -70,7 +70,7 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
     from rich.console import Console
 
     from commprof.report import compare
-    from commprof.report.table import avg_busbw, bench_table, header, ranks_key
+    from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key
 
     if link is not None and any(k == "run" or d.get("command") == "run" for _, k, d in loaded):
         raise UsageError("--link-rate is drawn on bench figures; these are run results")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
-from commprof.report.table import ranks_key, ranks_label
+from commprof.report.bench_table import ranks_key, ranks_label
 from commprof.report.units import format_bytes
 
 DPI = 100
@@ -90,7 +90,7 @@ def _bytes_axis(ax) -> None:
 def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None) -> dict[str, dict]:
     """One PNG per collective, folder/bench-<collective>.png: bus bandwidth (GB/s) and time (µs) against size
     (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace), where ranks
-    is the group size and how many groups measured at once (report/table.py's ranks_key).
+    is the group size and how many groups measured at once (report/bench_table.py's ranks_key).
 
     A label names only what differs between the collective's series ("1 rank", "2 ranks"); what they share
     goes in the title. Points a log axis cannot show (a value <= 0, as the bus bandwidth of one rank) are left

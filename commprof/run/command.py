@@ -197,7 +197,7 @@ class _Run:
         """Train; rank 0 keeps its iterations in the --json file as they come and saves the model."""
         partial = None
         if cfg.out.json and rank.world.rank == 0 and rank.comm is not None:
-            partial = _Partial(cfg.out.json, rank.world.rank, rank.world.world_size)
+            partial = PartialJson(cfg.out.json, rank.world.rank, rank.world.world_size)
             rank.on_failure(partial.abandon)
         import torch  # the ranks' imports: the launcher checks the flags without loading torch
 
@@ -244,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
     return lifecycle.main(COMMAND, args)
 
 
-class _Partial:
+class PartialJson:
     """Rank 0's iterations while the run goes, in the --json file (at most every SAVE_S), marked
     incomplete: a run that dies keeps what it measured; the finished run's report replaces it."""
 

@@ -209,8 +209,14 @@ def _single(command: str, base: list[str], outputs: dict, link: float | None) ->
 
 def _run_all(command: str, base: list[str], combos: list[dict], trace: str | None, err) -> list[dict]:
     """Each combination as `commprof <command> …` in its own process, one after another."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="commprof-grid-") as tmp, Progress(

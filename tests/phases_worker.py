@@ -101,7 +101,8 @@ def main() -> None:
             inside_0, inside_1, outside_0, outside_1 = edges
             print(json.dumps({"case": name, "repeat": repeat, "compute_ms": compute_ms,
                               "join_ms": (joined - began) / MS, "forward_min_ms": (inside_1 - inside_0) / MS,
-                              "forward_max_ms": (outside_1 - outside_0) / MS, "forward_end_ms": (outside_1 - began) / MS,
+                              "forward_max_ms": (outside_1 - outside_0) / MS,
+                              "forward_end_ms": (outside_1 - began) / MS,
                               "comm_minus_exposed_ms": (split.comm_ns - split.exposed_comm_ns) / MS, **gaps,
                               **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()
                                  if isinstance(v, int)}}), flush=True)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from spawn import commprof, env_for_tests, kill_session
 
 TIMEOUT_S = 60.0

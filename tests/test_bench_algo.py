@@ -8,10 +8,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from spawn import commprof, env_for_tests
 
 from commprof import kernels
 from commprof.bench import alphabeta
-from spawn import commprof, env_for_tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import nvtx_recorder  # noqa: E402

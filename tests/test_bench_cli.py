@@ -4,10 +4,10 @@ import csv
 import json
 
 import pytest
+from spawn import commprof, env_for_tests
 
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import free_port
-from spawn import commprof, env_for_tests
 
 KEYS = {"collective", "backend", "world_size", "dtype", "redop", "inplace", "nbytes", "count", "time_us",
         "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank", "slowest_rank",

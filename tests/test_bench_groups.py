@@ -7,7 +7,6 @@ import statistics
 import sys
 
 import pytest
-
 from spawn import commprof, env_for_tests, spawn
 
 BENCH = [sys.executable, "-m", "commprof", "bench"]

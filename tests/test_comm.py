@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from spawn import spawn
 
 WORKER = str(Path(__file__).parent / "comm_worker.py")

@@ -13,8 +13,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from cli_fuzz import check
+
 from commprof.commands import COMMANDS, build_parser
 from commprof.errors import UsageError
 

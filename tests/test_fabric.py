@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from spawn import _run, env_for_tests
 
 from commprof.bench.alphabeta import fit
-from spawn import _run, env_for_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FABRIC = str(ROOT / "tools" / "fabric")

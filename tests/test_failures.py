@@ -15,12 +15,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from invariants import check_iteration
+from spawn import commprof, env_for_tests, kill_session, processes, spawn
 
 from commprof import job
 from commprof.comm import faults, flight
 from commprof.errors import UsageError
-from invariants import check_iteration
-from spawn import commprof, env_for_tests, kill_session, processes, spawn
 
 SMALL = ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--timeout", "3"]
 

@@ -12,14 +12,24 @@ import math
 import uuid
 
 import pytest
+from cli_fuzz import (
+    BENCH_ARGV,
+    FLAGS,
+    RUN_ARGV,
+    SLOW_IS_FINE,
+    TAG,
+    boundary_argv,
+    check,
+    invalid_argv,
+    leftovers,
+    problem,
+)
 from hypothesis import given, settings
+from spawn import commprof, env_for_tests
 
-from cli_fuzz import (BENCH_ARGV, FLAGS, RUN_ARGV, SLOW_IS_FINE, TAG, boundary_argv, check, invalid_argv, leftovers,
-                      problem)
 from commprof.commands import build_parser
 from commprof.flags import INT64_MAX, MAX_TIMEOUT_S
 from commprof.report.units import MAX_SIZE
-from spawn import commprof, env_for_tests
 
 # derandomize: the same examples on every run, so that the suite never fails by chance.
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -34,7 +44,8 @@ def wrong_with(argv: list[str]) -> str | None:
     if found or outcome.code or outcome.config is None:  # None: run --list-models, which prints and returns
         return found
     cfg = outcome.config
-    checks = {"at least 1 rank": 1 <= outcome.nproc <= INT64_MAX, "a usable --timeout": 0 < cfg.timeout_s <= MAX_TIMEOUT_S}
+    checks = {"at least 1 rank": 1 <= outcome.nproc <= INT64_MAX,
+              "a usable --timeout": 0 < cfg.timeout_s <= MAX_TIMEOUT_S}
     if argv[0] == "bench":
         sizes = cfg.sizes()
         checks.update({

@@ -9,11 +9,11 @@ import time
 
 import pytest
 import torch
+from spawn import commprof
 
 from commprof.profile import trace
 from commprof.profile.annotate import ANNOTATOR, Range
 from commprof.profile.gpu_trace import StreamSpans
-from spawn import commprof
 
 
 class HostEvent:

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from spawn import spawn
 
 WORKER = str(Path(__file__).with_name("interpose_worker.py"))

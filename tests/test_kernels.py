@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from spawn import spawn
 
 from commprof import kernels
 from commprof.kernels.common import Fold, bounds
-from spawn import spawn
 
 WORKER = str(Path(__file__).with_name("kernel_worker.py"))
 

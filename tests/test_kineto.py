@@ -5,7 +5,6 @@ reads — distributedInfo (backend, rank, world_size) and one ProfilerStep per i
 import json
 
 import pytest
-
 from spawn import commprof
 
 

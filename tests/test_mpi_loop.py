@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from spawn import env_for_tests, spawn
 
 from commprof.bench.config import BenchConfig
 from commprof.bench.runner import plan
-from spawn import env_for_tests, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 MPICC = Path(sys.executable).parent / "mpicc"

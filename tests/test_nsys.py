@@ -16,11 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from spawn import commprof, env_for_tests
+from test_trace import trace_spans
 
 from commprof.profile import trace
 from commprof.profile.annotate import COLORS
-from spawn import commprof, env_for_tests
-from test_trace import trace_spans
 
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None,
                                 reason="Nsight Systems is not on PATH (tools/install_nsys.sh installs it)")

@@ -6,7 +6,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from spawn import commprof, env_for_tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -34,5 +33,6 @@ def test_every_measured_op_is_one_comm_range(tmp_path, backend):
         assert pushes[("comm", "all_reduce (world) 1 KiB float32")] == 7 * all_reduce_modes
         assert pushes[("comm", "all_gather (world) 1 KiB float32")] == 7 * 2
         assert pushes[("iteration", "measured")] == 1  # the whole sweep: Nsight's capture range
-        assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"), ("comm", "all_gather (world) 1 KiB float32"),
+        assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"),
+                               ("comm", "all_gather (world) 1 KiB float32"),
                                ("iteration", "measured")}

@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from spawn import commprof, env_for_tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

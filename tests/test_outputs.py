@@ -11,9 +11,9 @@ import sys
 import threading
 
 import pytest
+from spawn import env_for_tests
 
 from commprof.report.files import write_atomic
-from spawn import env_for_tests
 
 TINY = ["bench", "all_reduce", "-b", "8", "-e", "64", "-n", "2", "-w", "1", "--timeout", "30"]
 
@@ -21,7 +21,8 @@ TINY = ["bench", "all_reduce", "-b", "8", "-e", "64", "-n", "2", "-w", "1", "--t
 def run(*args, tmp_path, umask=None):
     env = env_for_tests(TMPDIR=str(tmp_path))  # the launcher's job folder is made here
     return subprocess.run([sys.executable, "-m", "commprof", *args], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+                          timeout=120, cwd=tmp_path,
+                          preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
 
 
 def one_line(proc) -> str:

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from spawn import spawn
 
 from commprof.profile.phases import breakdown, intersect, length, subtract, union
 from commprof.profile.volume import step_volume, volume_table, wire_factor
-from spawn import spawn
 
 HERE = Path(__file__).parent
 

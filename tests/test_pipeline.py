@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from invariants import check_run
+from spawn import commprof, spawn
+from test_strategies import run_worker
 
 from commprof.errors import UsageError
 from commprof.parallel.partition import balanced_starts, describe, explicit_starts
 from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
-from invariants import check_run
-from spawn import commprof, spawn
-from test_strategies import run_worker
 
 HERE = Path(__file__).parent
 PIPES = ["pipeline-gpipe", "pipeline-1f1b"]
@@ -89,7 +89,8 @@ def test_four_stages_and_a_frozen_first_stage():
                         lr=0.01, replicas=1, extra={"micro_batches": 2, "cuts": [1]})[0]
     assert frozen["max_abs_diff"] <= 2e-5
     # the frozen backbone trains nothing, so no gradient goes back to it
-    assert frozen["measured_by_rank"][0] == {"send (pp 0→1)": 2 * frozen["pipeline"]["boundaries"][0]["bytes_per_micro"]}
+    boundary = frozen["pipeline"]["boundaries"][0]
+    assert frozen["measured_by_rank"][0] == {"send (pp 0→1)": 2 * boundary["bytes_per_micro"]}
     assert frozen["held_bytes"]["grads"] == 0
 
 
@@ -135,7 +136,8 @@ def test_run_reports_bubble_and_boundaries(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     # known only once a rank has built the model: the ranks' error, said once (5 stages: a unit test above)
-    (["--stages", "2", "--nproc", "2", "--cuts", "9"], "--cuts 9 must increase strictly within 1…3 (the model has 4 layers)"),
+    (["--stages", "2", "--nproc", "2", "--cuts", "9"],
+     "--cuts 9 must increase strictly within 1…3 (the model has 4 layers)"),
     (["--stages", "2", "--micro-batches", "3"], "--batch-size 32 is not divisible by --micro-batches 3"),
     (["--stages", "2", "--dp", "2", "--nproc", "2"], "must equal the 2 ranks"),
     (["--stages", "2", "--cuts", "a"], "comma-separated"),

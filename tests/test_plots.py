@@ -9,9 +9,9 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from spawn import env_for_tests
 
 from commprof.report import plots
-from spawn import env_for_tests
 
 BENCH = ["--backend", "gloo", "-b", "8", "-e", "1K", "-n", "5", "-w", "1"]
 RUN = ["--model", "mnist-cnn", "--steps", "3", "--warmup", "1", "--eval-samples", "0"]

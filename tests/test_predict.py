@@ -6,13 +6,13 @@ ranks, and bad input refused in one line. tests/test_predict_fabric.py holds the
 import json
 
 import pytest
+from spawn import commprof
 
 from commprof.bench.alphabeta import fit
 from commprof.errors import UsageError
 from commprof.predict import fabric as fabrics
 from commprof.predict import replay, timeline
 from commprof.predict.timeline import Op, Program
-from spawn import commprof
 
 WORLD = (0, 1)
 

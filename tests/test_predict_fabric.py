@@ -13,11 +13,11 @@ import os
 import sys
 
 import pytest
+import test_fabric
+from spawn import commprof
+from test_fabric import fabric, on_hosts
 
 from commprof.predict import timeline
-from spawn import commprof
-import test_fabric
-from test_fabric import fabric, on_hosts
 
 pytestmark = test_fabric.pytestmark  # the same skip
 RATE = "50mbit"
@@ -40,7 +40,8 @@ def link(tmp_path_factory):
 def on_k_hosts(k: int, argv: list[str], port: int):
     cores = sorted(os.sched_getaffinity(0))
     launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(k), "--nproc-per-node", "1",
-              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{test_fabric.HOSTS[0]}:{port}", "--rdzv-id", f"p{port}", "-m", "commprof"]
+              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{test_fabric.HOSTS[0]}:{port}", "--rdzv-id", f"p{port}",
+              "-m", "commprof"]
     proc = on_hosts([(f"{test_fabric.NAME}-h{i}", ["taskset", "-c", str(cores[i % len(cores)]), *launch, *argv], {})
                      for i in range(k)], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from invariants import check_run
 from spawn import commprof, spawn
 

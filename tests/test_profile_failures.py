@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from spawn import _run, commprof, env_for_tests
 
 SCRIPTS = Path(__file__).with_name("scripts")

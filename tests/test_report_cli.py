@@ -5,7 +5,6 @@ commprof results refused in one line."""
 import json
 
 import pytest
-
 from spawn import commprof
 
 BENCH = ("bench", "all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--nproc", "2")

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from invariants import check_run
 from spawn import commprof
 from test_data import write_idx

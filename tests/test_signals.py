@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from spawn import env_for_tests, kill_session, processes
 
 from commprof.comm.store import listen
 from commprof.errors import UsageError
-from spawn import env_for_tests, kill_session, processes
 
 LONG = ["bench", "all_reduce", "-b", "8", "-e", "1M", "-n", "200", "--timeout", "30"]
 

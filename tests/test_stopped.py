@@ -12,8 +12,8 @@ import time
 import uuid
 
 import pytest
-
 from spawn import env_for_tests, kill_session, processes
+
 from commprof import job
 from commprof.launch import find_mpiexec
 

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from spawn import spawn
 
 HERE = Path(__file__).parent

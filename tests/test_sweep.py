@@ -6,7 +6,6 @@ import csv
 import json
 
 import pytest
-
 from spawn import commprof, env_for_tests
 
 RUN = ("run", "--model", "mnist-cnn", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--samples", "256")

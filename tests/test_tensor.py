@@ -8,12 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from spawn import spawn
 
 from commprof.errors import UsageError
 from commprof.models import build_model
 from commprof.run.config import RunConfig
 from commprof.strategies.tensor import TensorParallel, check_divisible
-from spawn import spawn
 
 HERE = Path(__file__).parent
 # gpt2-tiny/bert-tiny in the worker: batch 4 × seq_len 16 positions × d_model 32, fp32, 2 blocks.

@@ -14,9 +14,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from spawn import commprof, env_for_tests
 
 from commprof.profile import trace
-from spawn import commprof, env_for_tests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import nvtx_recorder  # noqa: E402

@@ -5,8 +5,8 @@ import pytest
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
 from commprof.errors import UsageError
-from commprof.stats import bandwidths, summarize
 from commprof.report.units import format_bytes, parse_rate, parse_size
+from commprof.stats import bandwidths, summarize
 
 
 @pytest.mark.parametrize("text,value", [("8", 8), ("64K", 65536), ("16M", 16 << 20), ("1G", 1 << 30),

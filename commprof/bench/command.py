@@ -21,16 +21,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commprof import flags, kernels, lifecycle
-from commprof.backends import (DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops,
-                               require_cuda, unsupported)
+from commprof.backends import DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops, require_cuda, unsupported
 from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
 from commprof.profile.contention import note as contention_note
 from commprof.report import files
-from commprof.report.files import Outputs
 from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
+from commprof.report.files import Outputs
 from commprof.report.units import parse_size
 from commprof.world import World
 

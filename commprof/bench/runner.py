@@ -22,7 +22,6 @@ from typing import Callable, Iterator
 
 from commprof import kernels
 from commprof.backends import unsupported
-
 from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import MODES, BenchConfig

@@ -19,8 +19,7 @@ from typing import NoReturn
 import torch
 
 from commprof import deadline, job
-from commprof.backends import (BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots,
-                                unsupported)
+from commprof.backends import BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots, unsupported
 from commprof.comm import gloo_comm, mpi_comm
 from commprof.comm.base import Comm, Handle
 from commprof.comm.control import ControlPlane

@@ -243,7 +243,8 @@ class Interposer:
         for op in p2p_op_list:  # gloo and MPI match each op on its own: issued one by one, in order
             send = _ORIGINAL.get(op.op, op.op) is c10d.isend
             call = self.isend if send else self.irecv
-            works.append(call(op.tensor, group=op.group, tag=op.tag, **{"group_dst" if send else "group_src": op.group_peer}))
+            peer = {"group_dst" if send else "group_src": op.group_peer}
+            works.append(call(op.tensor, group=op.group, tag=op.tag, **peer))
         return works
 
     def barrier(self, group=None, async_op=False, device_ids=None, timeout=None):

@@ -11,12 +11,13 @@ import time
 from datetime import timedelta
 
 import torch
+
 # torch's functions from the module that defines them, not the `torch.distributed` namespace: that is the
 # one commprof/comm/interpose.py rebinds to route a script's calls through Comm, which then call these.
 from torch.distributed import distributed_c10d as dist
 
-from commprof.comm.store import open_store
 from commprof.comm.base import Comm
+from commprof.comm.store import open_store
 from commprof.errors import UnsupportedError
 
 _OPS = {

@@ -74,7 +74,8 @@ def build_model(name: str, *, num_classes: int = 10, in_channels: int = 3, image
     """Model `name` built for the given input and output sizes; sizes that do not apply are ignored.
 
     `frozen_backbone` (torchvision models only) turns the model into a fixed feature extractor under
-    a trained 3-layer head whose hidden layers are `head_width` wide. Raises UsageError for an unknown name or a combination that cannot work.
+    a trained 3-layer head whose hidden layers are `head_width` wide. Raises UsageError for an unknown name or a
+    combination that cannot work.
     """
     entry = MODELS.get(name)
     if entry is None:

@@ -48,7 +48,8 @@ def build(*, num_classes: int, in_channels: int, image_size: int, frozen_backbon
         raise UsageError(f"model 'mnist-cnn' needs image_size >= {MIN_IMAGE_SIZE}, got {image_size}")
     net = MnistCNN(num_classes=num_classes, in_channels=in_channels, image_size=image_size)
     # The same computation as forward(), as a chain that pipeline stages can cut (weights shared).
-    layers = (nn.Sequential(net.conv1, nn.MaxPool2d(2), nn.ReLU()), nn.Sequential(net.conv2, nn.MaxPool2d(2), nn.ReLU()),
+    layers = (nn.Sequential(net.conv1, nn.MaxPool2d(2), nn.ReLU()),
+              nn.Sequential(net.conv2, nn.MaxPool2d(2), nn.ReLU()),
               nn.Sequential(nn.Flatten(1), net.fc1, nn.ReLU()), net.fc2)
     return ModelSpec(module=net, task="classify", units=(net.conv1, net.conv2, net.fc1, net.fc2), kind="image",
                      layers=layers, head=(net.fc1, net.fc2))

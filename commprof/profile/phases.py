@@ -1,9 +1,9 @@
 """The phase recorder: spans of one training iteration, and its split into compute and communication.
 
-A strategy wraps each phase of an iteration in `phases.phase("forward")` (also "data", "backward",
-"step", …); every phase is an NVTX range (domain `commprof`, category `compute`, `optimizer` for the
-step, `data` for the input pipeline; profile/annotate.py) and a pair of clock stamps. The comm spans come from the Comm op log (issue →
-completion, one place), and the blocked spans from it too: a synchronous op blocks the training
+A strategy wraps each phase of an iteration in `phases.phase("forward")` (also "data", "backward", "step", …);
+every phase is an NVTX range (domain `commprof`, category `compute`, `optimizer` for the step, `data` for the
+input pipeline; profile/annotate.py) and a pair of clock stamps. The comm spans come from the Comm op log
+(issue → completion, one place), and the blocked spans from it too: a synchronous op blocks the training
 thread for its whole duration, an async op only inside `Handle.wait()`.
 
 Per iteration (docs/design.md's measurement model):

@@ -12,11 +12,12 @@ Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clo
                          every rank, in group-rank order
   threads "stream: …"    on CUDA, the same ranges and ops as the device's stream ran them
                          (profile/gpu_trace.py); the comm ops and flows are there, not on "comm (…)"
-The file is a JSON array written as events happen — "[", then one event per line followed by ","
-(the Horovod timeline's way); a run killed part-way leaves a file the Trace Event format allows (no
-closing "]"; Chrome's DevTools panel still refuses it, so `merge` below), and SIGTERM closes it ("]"). `load(path)` reads either. Rank 0 writes DIR/trace.json at the end
-(every rank's events plus the clock alignment in "otherData"); `merge(DIR)` rebuilds it from the
-per-rank files after a killed run. Exercised by: `pytest tests/test_trace.py`.
+The file is a JSON array written as events happen — "[", then one event per line followed by "," (the Horovod
+timeline's way); a run killed part-way leaves a file the Trace Event format allows (no closing "]"; Chrome's
+DevTools panel still refuses it, so `merge` below), and SIGTERM closes it ("]"). `load(path)` reads either.
+Rank 0 writes DIR/trace.json at the end (every rank's events plus the clock alignment in "otherData");
+`merge(DIR)` rebuilds it from the per-rank files after a killed run. Exercised by: `pytest
+tests/test_trace.py`.
 """
 
 from __future__ import annotations

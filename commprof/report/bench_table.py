@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 
-
 def ranks_key(rec: dict) -> tuple[int, int, str]:
     """(ranks in each group, groups measuring at once, host level) of a bench record: (world size, 1, "")
     unless it ran under --group-sizes or --groups."""

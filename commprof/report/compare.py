@@ -14,8 +14,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from commprof.report.files import write_atomic, write_result
 from commprof.report.bench_table import ranks_key, ranks_label
+from commprof.report.files import write_atomic, write_result
 from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",

@@ -28,7 +28,8 @@ class OutputError(CommprofError):
     """A result file could not be written (a full disk, a device that refuses): exit 1."""
 
 CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "group_size", "groups", "dtype", "redop", "root",
-               "inplace", "nbytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank", "time_us_max_rank",
+               "inplace", "nbytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank",
+               "time_us_max_rank",
                "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
 
 

@@ -45,7 +45,8 @@ def time_table(doc: dict) -> Table:
     if len(s["per_rank"]) > 1:
         ranks = s["across_ranks"]
         for stat in ("avg", "min", "max", "skew"):
-            table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "", style="bold" if stat == "avg" else "")
+            table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "",
+                          style="bold" if stat == "avg" else "")
         table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in columns], "", "", style="dim")
     return table
 
@@ -87,7 +88,8 @@ def pipeline_tables(doc: dict) -> list:
         ok_g = b["grad_bytes_per_step"] == b["predicted_grad_bytes_per_step"]
         bounds.add_row(b["boundary"], "×".join(map(str, b["shape"])), b["dtype"], format_bytes(b["bytes_per_micro"]),
                        format_bytes(b["activation_bytes_per_step"]),
-                       Text(format_bytes(b["predicted_activation_bytes_per_step"]), style="green" if ok_a else "yellow"),
+                       Text(format_bytes(b["predicted_activation_bytes_per_step"]),
+                            style="green" if ok_a else "yellow"),
                        format_bytes(b["grad_bytes_per_step"]),
                        Text(format_bytes(b["predicted_grad_bytes_per_step"]), style="green" if ok_g else "yellow"))
     return [stages, bounds]

@@ -54,7 +54,8 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing per model unit")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                    help="fsdp: prefetch the next unit's parameters (default on)")
-    p.add_argument("--stages", "--pp", type=int, dest="pp", help="pipelines: stages, one rank each (default: ranks / --dp)")
+    p.add_argument("--stages", "--pp", type=int, dest="pp",
+                   help="pipelines: stages, one rank each (default: ranks / --dp)")
     p.add_argument("--tp", type=int, help="tensor: tensor-parallel degree (default: ranks / --dp)")
     p.add_argument("--dp", type=int, help="model-parallel strategies: data-parallel replicas (default 1)")
     p.add_argument("--micro-batches", type=int, default=4, help="pipelines: micro-batches per step (default 4)")
@@ -213,10 +214,9 @@ class _Run:
 
     @staticmethod
     def report(cfg: RunConfig, rank: Rank, results: list) -> int:
+        from commprof.profile.contention import note
         from commprof.report.run_table import run_tables
         from commprof.run.results import combine
-
-        from commprof.profile.contention import note
 
         if rank.contention is not None:
             rank.env["contention"] = rank.contention.read()

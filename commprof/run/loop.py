@@ -16,12 +16,12 @@ from torch.utils.checkpoint import checkpoint
 from commprof.data import global_indices, open_source, steps_per_epoch
 from commprof.errors import UsageError
 from commprof.models import build_model, count_parameters
-from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.annotate import ANNOTATOR, MEASURED
+from commprof.profile.clock import CpuClock, CudaClock
 from commprof.profile.phases import Phases
-from commprof.run import kineto
 from commprof.profile.recorder import OpRecorder
 from commprof.profile.volume import step_volume
+from commprof.run import kineto
 from commprof.run.config import RunConfig
 from commprof.strategies import STRATEGIES
 
@@ -116,8 +116,9 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
             kineto.step(prof)
     ANNOTATOR.pop()  # measured
     result = {
-        "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss, "group_sizes": strategy.group_sizes(),
-        "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(), "iterations": iterations, "losses": losses, "volume_steps": volumes,
+        "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss,
+        "group_sizes": strategy.group_sizes(), "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(),
+        "iterations": iterations, "losses": losses, "volume_steps": volumes,
         "predicted": strategy.predicted_volume(), "held_bytes": step_result.held_bytes,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "gpu_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -40,7 +40,8 @@ def pipeline_section(results: list[dict], rows: list[dict]) -> dict | None:
             "bubble_ms": row["bubble_ms"], "schedule_ms": float(np.median([it["schedule_ms"] for it in its])),
             "bubble_fraction": sum(it["bubble_ms"] for it in its) / schedule if schedule > 0 else 0.0,
             "peak_micro_batches_in_flight": fig["peak_micro_batches_in_flight"],
-            "activation_bytes_per_micro": fig["activation_bytes_per_micro"][0] if fig["activation_bytes_per_micro"] else 0,
+            "activation_bytes_per_micro": (fig["activation_bytes_per_micro"][0]
+                                           if fig["activation_bytes_per_micro"] else 0),
             "peak_activation_bytes": fig["peak_activation_bytes"], "peak_mem_bytes": row["peak_mem_bytes"],
         })
     boundaries = []

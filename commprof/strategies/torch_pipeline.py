@@ -21,9 +21,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from commprof.comm import interpose
 from commprof.errors import UsageError
+from commprof.parallel.schedule import one_f_one_b
 from commprof.strategies.base import StepResult, loss_fn
 from commprof.strategies.pipeline import PipelineGPipe
-from commprof.parallel.schedule import one_f_one_b
 
 
 class TorchPipelineGPipe(PipelineGPipe):

@@ -8,7 +8,7 @@ check of one argv: what `commprof <argv>` exits with and prints before any rank 
 Every flag of both subparsers is drawn (FLAGS; tests/test_fuzz_cli.py checks it against the parser) with
 valid, boundary and invalid values, in every spelling argparse takes, repeated, missing its value, or
 beside flags it conflicts with or that belong to the other command. Used by tests/test_fuzz_cli.py
-and tools/fuzz_launch.py. Exercised by: `pytest tests/test_fuzz_cli.py`.
+and tests/support/fuzz_launch.py. Exercised by: `pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from spawn import commprof, env_for_tests
 from commprof import kernels
 from commprof.bench import alphabeta
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
 
 

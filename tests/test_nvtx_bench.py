@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from spawn import commprof, env_for_tests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
 
 

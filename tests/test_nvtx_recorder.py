@@ -1,4 +1,4 @@
-"""Tests for the NVTX recorder (tools/nvtx_recorder.{c,py}).
+"""Tests for the NVTX recorder (tests/support/nvtx_recorder.{c,py}).
 
 These really compile the injection library with gcc and run Python
 subprocesses that emit NVTX through the ``nvtx`` package, with the recorder
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 import nvtx_recorder  # noqa: E402
 
@@ -190,7 +190,7 @@ def test_c_core_api(lib, tmp_path):
 def test_cli_summary(lib, tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "nvtx_recorder.py"), "--out", str(out), "--",
+        [sys.executable, str(REPO / "tests" / "support" / "nvtx_recorder.py"), "--out", str(out), "--",
          sys.executable, "-c", textwrap.dedent(NVTX_SCRIPT)],
         env=_clean_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr

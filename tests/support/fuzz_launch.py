@@ -1,14 +1,14 @@
 """Launch `python -m commprof bench|run …` with random invalid argv and check how each ends: exit 2, one
 `commprof: error:` line on stderr, no traceback, no process left behind.
 
-    python tools/fuzz_launch.py [-n 24] [--seed S] [--timeout 60]
+    python tests/support/fuzz_launch.py [-n 24] [--seed S] [--timeout 60]
 
 The argv come from tests/cli_fuzz.py's grammar, the one tests/test_fuzz_cli.py fuzzes in-process, and
 are kept only when that in-process check rejects them: no launch should get as far as starting a rank.
 Every process carries a tag in its environment, so that one left behind is found (and killed) however
 it was started. The launches run one at a time from an empty temporary folder; the same --seed draws
 the same argv. Prints one line per launch, then a summary; exit 1 if any launch failed.
-Exercised by: `python tools/fuzz_launch.py`.
+Exercised by: `python tests/support/fuzz_launch.py`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cli_fuzz
 
 from cli_fuzz import TAG, invalid_argv, leftovers, problem  # noqa: E402
 from spawn import commprof, env_for_tests  # noqa: E402

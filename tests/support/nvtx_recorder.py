@@ -1,4 +1,4 @@
-"""Build and read the NVTX recorder (tools/nvtx_recorder.c) -- NVTX checks without Nsight.
+"""Build and read the NVTX recorder (tests/support/nvtx_recorder.c) -- NVTX checks without Nsight.
 
 The recorder is an NVTX injection library: NVTX loads the library named by
 ``NVTX_INJECTION64_PATH`` (exactly as Nsight Systems does) and the recorder
@@ -15,7 +15,7 @@ Library use (e.g. from tests, after ``sys.path.insert(0, "<repo>/tools")``)::
 Command line (prints ranges per domain/category/message; --chrome also writes the recording as a
 Chrome Trace Event file, the format of `commprof … --trace`, one process per recorded pid)::
 
-    python tools/nvtx_recorder.py [--out PREFIX] [--chrome TRACE.json] -- CMD [ARGS...]
+    python tests/support/nvtx_recorder.py [--out PREFIX] [--chrome TRACE.json] -- CMD [ARGS...]
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@
  * the export-table getter -- the same mechanism Nsight Systems uses.  We fetch
  * the CORE and CORE2 function tables and write our handlers into their slots.
  *
- * Build (tools/nvtx_recorder.py's build() does this for you):
+ * Build (tests/support/nvtx_recorder.py's build() does this for you):
  *   gcc -shared -fPIC -O2 -I<dir containing nvtx3/> -o libnvtx_recorder.so \
- *       tools/nvtx_recorder.c -lpthread
+ *       tests/support/nvtx_recorder.c -lpthread
  * Use:
  *   NVTX_INJECTION64_PATH=/abs/libnvtx_recorder.so \
  *   COMMPROF_NVTX_RECORD=/tmp/rec  python my_script.py

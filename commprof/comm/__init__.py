@@ -110,7 +110,7 @@ def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
         clock = CudaClock()
     else:
         device, clock = torch.device("cpu"), CpuClock()
-    addr, port = _rendezvous(world)
+    addr, port = rendezvous_address(world)
     try:
         with _held_stderr():
             comm = gloo_comm.comm_class(backend).init(backend=backend, rank=world.rank, world_size=world.world_size,
@@ -214,8 +214,9 @@ def _own_address(world: World) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def _rendezvous(world: World) -> tuple[str, int]:
-    """Address and port of rank 0's store."""
+def rendezvous_address(world: World) -> tuple[str, int]:
+    """Address and port of rank 0's store: the launcher's, or one rank 0 picks (under mpiexec, told to the
+    others over MPI). `commprof profile` gives it to a script's env:// rendezvous."""
     if world.master_addr and world.master_port:
         return world.master_addr, world.master_port
     if world.world_size == 1:

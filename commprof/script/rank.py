@@ -28,7 +28,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import deadline, job
 from commprof.backends import slots
-from commprof.comm import _rendezvous, ddp_reducer, functional, interpose, join
+from commprof.comm import ddp_reducer, functional, interpose, join, rendezvous_address
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
@@ -63,7 +63,7 @@ def run_rank(cfg, world: World) -> int:
 
 def _rendezvous_env(world: World) -> None:
     """torchrun's variables, so the script's env:// rendezvous works under mpiexec and srun too."""
-    addr, port = _rendezvous(world)
+    addr, port = rendezvous_address(world)
     os.environ.update(RANK=str(world.rank), WORLD_SIZE=str(world.world_size), LOCAL_RANK=str(world.local_rank),
                       LOCAL_WORLD_SIZE=str(world.local_world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
 

@@ -5,7 +5,8 @@
                                                work → trace.finish → gather → report (rank 0) → exit code
 
 A command is a `Command`: it turns its flags into a frozen config and fills in the work one rank does and
-the report rank 0 makes of every rank's result. Everything else — who launches, which rank speaks, the
+the report rank 0 makes of every rank's result. `commprof profile` is a `Job`, the launcher's part alone:
+its rank runs a user's script, which makes its own process group (script/rank.py). Everything else — who launches, which rank speaks, the
 watchdog and its salvage, the trace, the env block, the shutdown order — is here, once. `args` stops at
 `build_config`; below it everything reads the config. Exercised by: `pytest tests/test_bench_cli.py
 tests/test_run_cli.py tests/test_failures.py`.
@@ -60,8 +61,13 @@ class Rank:
             self.watchdog.on_failure(fn)
 
 
-class Command(Protocol):
-    """One command's part of the life cycle."""
+class Job(Protocol):
+    """What the launcher needs of a command that runs on ranks: its config, how many ranks, and what one rank
+    does. `commprof profile` is a Job whose rank runs a user's script (script/rank.py)."""
+
+    huge_pages: bool
+    """Large CPU buffers on huge pages in every rank (launch.launch): on for commprof's own measurements,
+    off for a user's script, whose compute it would change."""
 
     def build_config(self, args: argparse.Namespace) -> Config:
         """Every flag checked that can be without the world size; raises UsageError."""
@@ -73,6 +79,19 @@ class Command(Protocol):
     def check_world(self, cfg: Config, world_size: int) -> None:
         """What depends on the world size; raises UsageError."""
 
+    def run_rank(self, cfg: Config, world: World, slots: int) -> int:
+        """One rank, from start to exit code (every rank returns the job's code)."""
+
+
+class Command(Job, Protocol):
+    """A Job whose rank this module runs: the command fills in the work one rank does and the report rank 0
+    makes of every rank's result (bench, run, which subclass it for these two)."""
+
+    huge_pages = True
+
+    def run_rank(self, cfg: Config, world: World, slots: int) -> int:
+        return run_rank(self, cfg, world, slots)
+
     def without_comm(self, cfg: Config, world: World) -> bool:
         """True when this process works alone, without a Comm."""
 
@@ -83,14 +102,14 @@ class Command(Protocol):
         """Rank 0: tables and files from every rank's result; returns the job's exit code."""
 
 
-def configure(command: Command, args: argparse.Namespace) -> tuple[Config, int]:
+def configure(command: Job, args: argparse.Namespace) -> tuple[Config, int]:
     """The config and the number of local ranks to start, as checked before any rank starts; raises
     UsageError, changes nothing."""
     cfg, nproc, _ = _plan(command, args)
     return cfg, nproc
 
 
-def _plan(command: Command, args: argparse.Namespace) -> tuple[Config, int, int]:
+def _plan(command: Job, args: argparse.Namespace) -> tuple[Config, int, int]:
     cfg = command.build_config(args)
     cfg.out.check()
     have = slots(cfg.backend)
@@ -99,19 +118,20 @@ def _plan(command: Command, args: argparse.Namespace) -> tuple[Config, int, int]
     return cfg, nproc, have
 
 
-def main(command: Command, args: argparse.Namespace) -> int:
+def main(command: Job, args: argparse.Namespace) -> int:
     """Launch the ranks, or be one: the exit code of the job, or of this rank."""
     world = discover()
     if world.launched:
         cfg = command.build_config(args)
         cfg.out.check()
         command.check_world(cfg, world.world_size)
-        return run_rank(command, cfg, world, slots(cfg.backend))
+        return command.run_rank(cfg, world, slots(cfg.backend))
     cfg, nproc, have = _plan(command, args)
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
-                             timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace)
-    return run_rank(command, cfg, world, have)
+                             timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
+                             huge_pages=command.huge_pages)
+    return command.run_rank(cfg, world, have)
 
 
 def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:

@@ -154,7 +154,7 @@ def _require_supported(cfg: BenchConfig) -> None:
                     raise UsageError(f"{name} with {dtype}{' ' + op if op else ''} on {cfg.backend}: {reasons[-1]}")
 
 
-class _Bench:
+class _Bench(lifecycle.Command):
     """bench's part of the job's life cycle (commprof/lifecycle.py)."""
 
     build_config = staticmethod(build_config)

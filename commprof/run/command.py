@@ -160,7 +160,7 @@ def _cuts(text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"--cuts {text!r} must be comma-separated layer indices, e.g. 2,5") from None
 
 
-class _Run:
+class _Run(lifecycle.Command):
     """run's part of the job's life cycle (commprof/lifecycle.py)."""
 
     build_config = staticmethod(build_config)

@@ -19,11 +19,11 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from commprof import flags, launch
-from commprof.backends import default_backend, require_cuda, slots
+from commprof import flags, lifecycle
+from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
-from commprof.world import discover
+from commprof.world import World
 
 
 @dataclass(frozen=True)
@@ -85,25 +85,32 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     if rest[:1] == ["--"]:
         rest = rest[1:]
     out = Outputs.from_args(args)
-    out.check()
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
                          global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out)
 
 
-def main(args: argparse.Namespace) -> int:
-    cfg = build_config(args)
-    world = discover()
-    if world.launched:
+class _Profile:
+    """profile's part of the job's life cycle (commprof/lifecycle.py): the launcher's, as bench's and run's;
+    a rank runs the script (script/rank.py), which makes its own process group."""
+
+    build_config = staticmethod(build_config)
+    huge_pages = False
+
+    def local_ranks(self, cfg: ProfileConfig, slots: int) -> int:
+        return cfg.nproc if cfg.nproc is not None else max(2, slots)
+
+    def check_world(self, cfg: ProfileConfig, world_size: int) -> None:
+        pass  # the script decides what it can run on
+
+    def run_rank(self, cfg: ProfileConfig, world: World, slots: int) -> int:
         from commprof.script.rank import run_rank
 
         return run_rank(cfg, world)
-    have = slots(cfg.backend)
-    nproc = cfg.nproc if cfg.nproc is not None else max(2, have)
-    if nproc > 1 or cfg.backend == "mpi":
-        return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
-                             timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
-                             huge_pages=False)
-    from commprof.script.rank import run_rank
 
-    return run_rank(cfg, world)
+
+COMMAND = _Profile()
+
+
+def main(args: argparse.Namespace) -> int:
+    return lifecycle.main(COMMAND, args)

@@ -1,14 +1,17 @@
 """The pipeline bubble against the number of micro-batches: measured on 4 stages vs (p − 1)/(m + p − 1).
 
-4 gloo ranks, one stage each, of `commprof.models.calibrated`'s chain: every stage's forward takes
---fwd-ms and its backward --bwd-ms per micro-batch (sleeping, so 4 ranks on 2 cores do not distort
+4 gloo ranks (--stages), one stage each, of `commprof.models.calibrated`'s chain: every stage's forward
+takes --fwd-ms and its backward --bwd-ms per micro-batch (sleeping, so 4 ranks on 2 cores do not distort
 it). For m = 1, 2, 4, 8 and both schedules (GPipe, 1F1B), each stage runs --steps measured steps
 (after 2 warm-up) through a real Phases, as `commprof run` does; its bubble fraction is its median
 bubble / schedule over the steps. The table gives the mean over stages (and the range), the bubble
 per step, and the prediction; the PNG plots measured against predicted.
 
     pip install -e ".[bench]"         # matplotlib, for the plot
-    python benchmarks/bubble.py [--steps 5] [--fwd-ms 20] [--bwd-ms 40] [--json PATH] [--png PATH]
+    python benchmarks/bubble.py [--quick] [--stages 4] [--steps 5] [--fwd-ms 20] [--bwd-ms 40] [--json PATH]
+                                [--png PATH]
+
+--quick: 2 stages, one measured step of 1 + 2 ms per micro-batch; a few seconds, to see that it runs.
 
 Reading it: with equal stages both schedules idle (p − 1)(fwd + bwd) per step, so more micro-batches
 shrink the bubble's share as (p − 1)/(m + p − 1); what is left above the line is per-hop latency
@@ -24,12 +27,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from run_overhead import env_record, spawn_ranks
+from common import env_record, parse, parser, spawn_ranks
 
-HERE = Path(__file__).parent
 STAGES = 4
+"""Stages, one rank each (--stages)."""
 MICRO = (1, 2, 4, 8)
 SCHEDULES = ("pipeline-gpipe", "pipeline-1f1b")
+QUICK = {"stages": 2, "steps": 1, "fwd_ms": 1.0, "bwd_ms": 2.0}
+"""--quick: 2 stages, one measured step of 1 + 2 ms per micro-batch: the same schedules and micro-batch counts."""
 
 
 def worker(args) -> None:
@@ -51,7 +56,7 @@ def worker(args) -> None:
             every = comm.gather_object(mine, dst=0)
             if comm.rank == 0:
                 rows.append({"schedule": schedule, "micro_batches": m, "stages": every,
-                             "predicted": (STAGES - 1) / (m + STAGES - 1)})
+                             "predicted": (comm.world_size - 1) / (m + comm.world_size - 1)})
     if comm.rank == 0:
         Path(args.out).write_text(json.dumps(rows))
     comm.control_barrier()
@@ -68,16 +73,16 @@ def summarize(rows: list[dict], args) -> dict:
                     "measured_min": min(fractions), "measured_max": max(fractions),
                     "bubble_ms": statistics.mean(s["bubble_ms"] for s in row["stages"]),
                     "schedule_ms": statistics.mean(s["schedule_ms"] for s in row["stages"]),
-                    "ideal_schedule_ms": (row["micro_batches"] + STAGES - 1) * (args.fwd_ms + args.bwd_ms)})
-    return {"stages": STAGES, "fwd_ms": args.fwd_ms, "bwd_ms": args.bwd_ms, "steps": args.steps, "rows": out}
+                    "ideal_schedule_ms": (row["micro_batches"] + args.stages - 1) * (args.fwd_ms + args.bwd_ms)})
+    return {"stages": args.stages, "fwd_ms": args.fwd_ms, "bwd_ms": args.bwd_ms, "steps": args.steps, "rows": out}
 
 
 def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"pipeline bubble, {STAGES} stages of {result['fwd_ms']:g}+{result['bwd_ms']:g} ms per "
-                        "micro-batch (mean over stages of each stage's median)", title_justify="left")
+    table = Table(title=f"pipeline bubble, {result['stages']} stages of {result['fwd_ms']:g}+{result['bwd_ms']:g} "
+                        "ms per micro-batch (mean over stages of each stage's median)", title_justify="left")
     for label in ("schedule", "m", "predicted", "measured", "range", "bubble ms/step", "schedule ms", "ideal ms"):
         table.add_column(label, justify="left" if label == "schedule" else "right")
     for r in result["rows"]:
@@ -95,7 +100,8 @@ def plot(result: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ms = [m for m in range(1, max(MICRO) + 1)]
-    ax.plot(ms, [(STAGES - 1) / (m + STAGES - 1) for m in ms], "k-", label="predicted (p−1)/(m+p−1)")
+    p = result["stages"]
+    ax.plot(ms, [(p - 1) / (m + p - 1) for m in ms], "k-", label="predicted (p−1)/(m+p−1)")
     for schedule, marker in zip(SCHEDULES, ("o", "s")):
         rows = [r for r in result["rows"] if r["schedule"] == schedule]
         ax.errorbar([r["micro_batches"] for r in rows], [r["measured"] for r in rows],
@@ -106,7 +112,7 @@ def plot(result: dict, path: str) -> None:
     ax.set_ylabel("bubble fraction of the schedule")
     ax.set_xticks(list(MICRO))
     ax.set_ylim(0, 1)
-    ax.set_title(f"{STAGES} stages, {result['fwd_ms']:g}+{result['bwd_ms']:g} ms per micro-batch, gloo")
+    ax.set_title(f"{p} stages, {result['fwd_ms']:g}+{result['bwd_ms']:g} ms per micro-batch, gloo")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -114,27 +120,29 @@ def plot(result: dict, path: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, json="bubble-results.json", png="bubble.png")
+    p.add_argument("--stages", type=int, default=STAGES, help=f"ranks, one stage each (default {STAGES})")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--fwd-ms", type=float, default=20.0)
     p.add_argument("--bwd-ms", type=float, default=40.0)
-    p.add_argument("--json", default=str(HERE / "results" / "bubble-results.json"))
-    p.add_argument("--png", default=str(HERE / "results" / "bubble.png"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse(p, QUICK)
     if args.worker:
         return worker(args)
     argv = [f"--steps={args.steps}", f"--fwd-ms={args.fwd_ms}", f"--bwd-ms={args.bwd_ms}"]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = json.loads(spawn_ranks(__file__, argv, tmp, nproc=STAGES).read_text())
-    env = env_record(["python", "benchmarks/bubble.py", *sys.argv[1:]])
-    env.update(world_size=STAGES, ranks_per_host=STAGES, oversubscribed=STAGES > env["cores"])
-    result = {"env": env, **summarize(rows, args)}
+        rows = json.loads(spawn_ranks(__file__, argv, tmp, nproc=args.stages).read_text())
+    result = {"env": env_record(["python", "benchmarks/bubble.py", *sys.argv[1:]], nproc=args.stages),
+              **summarize(rows, args)}
     print_table(result)
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.png)
-    print(f"wrote {args.json} and {args.png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.png:
+        plot(result, args.png)
+    written = [path for path in (args.json, args.png) if path]
+    if written:
+        print(f"wrote {' and '.join(written)}")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,14 @@ Each arm's step is timed whole and the arms rotate through the orders, so each s
 moment of this noisy machine, which whole runs launched apart do not (benchmarks/ddp_profiled.py: ±15 %
 between rounds). The models train on the same batches and end equal (checked), so a ratio is a cost alone.
 
-    python benchmarks/ddp_reducer_cost.py [--turns 24] [--json PATH]
+    python benchmarks/ddp_reducer_cost.py [--quick] [--turns 24] [--warmup 3] [--model resnet18] [--json PATH]
 
-Target: routed ÷ plain ≤ 1.02. Results: README, "Benchmarks: what profiling a script costs".
+Each ratio is the median over turns and ranks of the arm's step over the plain step of its turn, with the
+median's 95 % CI (benchmarks/common.py's median_ci) and the quartiles; the first --warmup turns are not
+counted. --quick: 2 measured turns, no warm-up, on a small CNN (--model small: two convolutions with
+BatchNorm, no torchvision); seconds, to see that it runs.
+
+Target: routed ÷ plain ≤ 1.02. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import image_model, median_ci, parse, parser, ranks, with_root
+
 TARGET = 1.02
 WARMUP = 3
 ARMS = ("plain", "routed", "hook", "profiled")
+QUICK = {"turns": 2, "warmup": 0, "model": "small"}
+"""--quick: 2 measured turns, no warm-up, on a small CNN."""
 
 
 def _hook(comm, bucket):
@@ -45,12 +51,11 @@ def _hook(comm, bucket):
     return comm.all_reduce(buffer, async_op=True).get_future().then(lambda _: buffer)
 
 
-def worker(turns: int) -> None:
+def worker(turns: int, warmup: int, model_name: str) -> None:
     import time
 
     import torch
     import torch.distributed as dist
-    import torchvision
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commprof.comm import ddp_reducer, interpose
@@ -66,7 +71,7 @@ def worker(turns: int) -> None:
 
     def model():
         torch.manual_seed(0)
-        return torchvision.models.resnet18(num_classes=10)
+        return image_model(model_name)
 
     ddps = {"plain": DDP(model())}
     ddp_reducer.install(interposer)
@@ -105,12 +110,12 @@ def worker(turns: int) -> None:
     orders = list(itertools.permutations(ARMS))
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     seen = {arm: 0 for arm in ARMS}  # all-reduces Comm logged during each arm's steps (the tracker of the
-    for t in range(WARMUP + turns):   # profiled arm takes its ops into its iterations: not counted there)
+    for t in range(warmup + turns):   # profiled arm takes its ops into its iterations: not counted there)
         for arm in orders[t % len(orders)]:
             mark = len(comm.recorder.ops)
             ms = step(arm)
             seen[arm] += sum(1 for op in comm.recorder.ops[mark:] if op[0] == "all_reduce")
-            if t >= WARMUP:
+            if t >= warmup:
                 times[arm].append(ms)
     params = {arm: torch.cat([p.detach().reshape(-1) for p in d.parameters()]) for arm, d in ddps.items()}
     diff = max(float((params[arm] - params["plain"]).abs().max()) for arm in ARMS)
@@ -118,20 +123,22 @@ def worker(turns: int) -> None:
     dist.gather_object({"times": times, "max_abs_diff": diff, "all_reduces_seen": seen}, per_rank, dst=0)
     if rank == 0:
         print(json.dumps(per_rank), flush=True)
-    del ddps, opts
+    ddps.clear()  # the models go before the process group
+    opts.clear()
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
 
 
-def summarise(per_rank: list[dict], turns: int) -> dict:
-    out = {"turns": turns, "warmup": WARMUP, "target": TARGET, "per_rank": per_rank}
+def summarise(per_rank: list[dict], turns: int, warmup: int) -> dict:
+    out = {"turns": turns, "warmup": warmup, "target": TARGET, "per_rank": per_rank}
     for arm in ARMS:
         out[f"{arm}_ms"] = statistics.fmean(statistics.median(r["times"][arm]) for r in per_rank)
     for arm in ARMS[1:]:
         # step by step: the arm's step over the plain step of the same turn, median over turns and ranks
         ratios = sorted(a / b for r in per_rank for a, b in zip(r["times"][arm], r["times"]["plain"]))
         out[f"{arm}_ratio"] = statistics.median(ratios)
+        out[f"{arm}_ratio_ci95"] = median_ci(ratios)
         out[f"{arm}_quartiles"] = statistics.quantiles(ratios, n=4)[::2]
         out[f"{arm}_ratio_of_medians"] = out[f"{arm}_ms"] / out["plain_ms"]
     out["max_abs_diff"] = max(r["max_abs_diff"] for r in per_rank)
@@ -139,30 +146,27 @@ def summarise(per_rank: list[dict], turns: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, json="ddp-reducer-cost-results.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turns", type=int, default=24, help="measured turns (each: one step of every arm)")
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "ddp-reducer-cost-results.json"))
-    args = p.parse_args()
+    p.add_argument("--warmup", type=int, default=WARMUP, help=f"turns before them, not measured (default {WARMUP})")
+    p.add_argument("--model", choices=("resnet18", "small"), default="resnet18",
+                   help="torchvision's ResNet-18 (default), or a small CNN")
+    args = parse(p, QUICK)
     if args.worker:
-        return worker(args.turns)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+        return worker(args.turns, args.warmup, args.model)
+    if args.turns < 1 or args.warmup < 0:
+        p.error("--turns must be at least 1, --warmup at least 0")
+    env = with_root()
     env.pop("THP_MEM_ALLOC_ENABLE", None)
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--turns", str(args.turns)],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
-             for r in range(2)]
-    outs = [proc.communicate(timeout=3600)[0] for proc in procs]
-    if any(proc.returncode for proc in procs):
-        raise SystemExit("ddp_reducer_cost: a rank failed")
+    outs = ranks([sys.executable, __file__, "--worker", "--turns", str(args.turns), "--warmup", str(args.warmup),
+                  "--model", args.model], 2, env=env, timeout_s=3600, what="ddp_reducer_cost")
     per_rank = json.loads(next(line for line in outs[0].splitlines() if line.startswith("[")))
-    doc = summarise(per_rank, args.turns)
+    doc = {"model": args.model, **summarise(per_rank, args.turns, args.warmup)}
     for arm in ARMS:
         print(f"{arm:7s} {doc[arm + '_ms']:.1f} ms/step" + (
-            f"   ÷ plain, step by step: {doc[arm + '_ratio']:.3f} (quartiles {doc[arm + '_quartiles'][0]:.3f}–"
+            f"   ÷ plain, step by step: {doc[arm + '_ratio']:.3f} (95 % CI {doc[arm + '_ratio_ci95'][0]:.3f}–"
+            f"{doc[arm + '_ratio_ci95'][1]:.3f}, quartiles {doc[arm + '_quartiles'][0]:.3f}–"
             f"{doc[arm + '_quartiles'][1]:.3f}); ratio of medians {doc[arm + '_ratio_of_medians']:.3f}"
             if arm != "plain" else ""))
     print(f"parameters: max |arm − plain| = {doc['max_abs_diff']:.3g}; all-reduces seen by Comm per rank: "

@@ -9,28 +9,39 @@ shaped to RATE both ways, each host pinned to a core of its own), one rank on ea
 - `run --strategy ddp --model mobilenet_v2` on gloo: comm time per step against the wire bytes per step
   over the rate (what the link alone would take).
 
-    sudo python benchmarks/fabric_link.py [--rates 1gbit,200mbit] [--json PATH]
+    sudo python benchmarks/fabric_link.py [--quick] [--rates 1gbit,200mbit] [--sweep-max 16M]
+                                          [--model mobilenet_v2] [--steps 8] [--json PATH]
 
-Needs root, ip, tc, unshare (tools/fabric). Results: README, "Across hosts: tools/fabric".
+--quick: 1gbit only, the sweeps to 1 MiB, ddp on mnist-cnn for 3 steps; to see that it runs.
+
+The hosts are a fabric of this run's own (COMMPROF_FABRIC=fl<pid>: hosts fl<pid>-h0 and -h1), so another
+fabric on the machine is left alone. Needs root, ip, tc, unshare (tools/fabric): without them it says so in
+one line and exits 77. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, job, parse, parser, run_all, skip
+
 FABRIC = str(ROOT / "tools" / "fabric")
-HOSTS = ("cpf-h0", "cpf-h1")
+NAME = f"fl{os.getpid()}"
+"""This run's fabric (COMMPROF_FABRIC): hosts NAME-h0, NAME-h1, apart from any other fabric on the machine."""
+HOSTS = (f"{NAME}-h0", f"{NAME}-h1")
 # TCP/IPv4 with timestamps carries 1448 B of payload in a 1514-byte frame: the most a shaped link gives
 # (printed beside the figures, which are all over the rate itself)
 GOODPUT = 1448 / 1514
+QUICK = {"rates": "1gbit", "sweep_max": "1M", "model": "mnist-cnn", "steps": 3}
+"""--quick: one rate, the sweeps to 1 MiB (two sizes from 64 KiB for the fit), ddp on mnist-cnn for 3 steps."""
+TIMEOUT_S = 600
 
 
 def rate_GBps(text: str) -> float:
@@ -38,18 +49,15 @@ def rate_GBps(text: str) -> float:
     return float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 / 1e9
 
 
-def on_hosts(argvs: list[tuple[str, list[str]]], timeout: float = 600) -> None:
-    procs = [subprocess.Popen([FABRIC, "exec", host, "--", *argv], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for host, argv in argvs]
-    for p in procs:
-        _, err = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            sys.exit(f"fabric_link: a rank failed: {err.strip().splitlines()[-1:]}")
+def on_hosts(argvs: list[tuple[str, list[str]]], what: str) -> None:
+    """Each (host, argv) started at once inside its host; exits in one line when one fails."""
+    run_all([([FABRIC, "exec", host, "--", *argv], None) for host, argv in argvs], timeout_s=TIMEOUT_S,
+            what=f"fabric_link: {what}", labels=[host for host, _ in argvs])
 
 
 def torchrun(port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"cpf-h0:{port}", "--rdzv-id", "link", "-m", "commprof"]
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOSTS[0]}:{port}", "--rdzv-id", "link", "-m", "commprof"]
 
 
 def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) -> dict:
@@ -57,14 +65,15 @@ def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) ->
             "-n", "5", "-w", "2", "--backend", backend, "--json", str(out)]
     if loopback:  # both ranks on one host, on all the cores: the software's own latency, no link in the way
         every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        on_hosts([("cpf-h0", ["taskset", "-c", every, sys.executable, "-m", "commprof", *args, "--nproc", "2"])])
+        on_hosts([(HOSTS[0], ["taskset", "-c", every, sys.executable, "-m", "commprof", *args, "--nproc", "2"])],
+                 f"bench on {backend}, one host")
     elif backend == "mpi":
         from commprof.launch import find_mpiexec
 
-        on_hosts([("cpf-h0", [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS),
-                              "-n", "2", "-ppn", "1", sys.executable, "-m", "commprof", *args])])
+        on_hosts([(HOSTS[0], [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS),
+                              "-n", "2", "-ppn", "1", sys.executable, "-m", "commprof", *args])], "bench on mpi")
     else:
-        on_hosts([(h, [*torchrun(29501), *args]) for h in HOSTS])
+        on_hosts([(h, [*torchrun(29501), *args]) for h in HOSTS], "bench on gloo")
     from commprof.bench.alphabeta import fit
 
     doc = json.loads(out.read_text())
@@ -79,9 +88,10 @@ def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) ->
             "latency_8B_us": p2p[min(p2p)], "all_reduce_busbw_GBps": busbw, "all_reduce_bytes": top}
 
 
-def ddp(out: Path) -> dict:
-    on_hosts([(h, [*torchrun(29502), "run", "--strategy", "ddp", "--model", "mobilenet_v2", "--batch-size", "16",
-                   "--steps", "8", "--warmup", "2", "--eval-samples", "0", "--json", str(out)]) for h in HOSTS])
+def ddp(out: Path, model: str, steps: int) -> dict:
+    on_hosts([(h, [*torchrun(29502), "run", "--strategy", "ddp", "--model", model, "--batch-size", "16",
+                   "--steps", str(steps), "--warmup", "2", "--eval-samples", "0", "--json", str(out)]) for h in HOSTS],
+             "run ddp")
     doc = json.loads(out.read_text())
     wire = sum(v["wire_bytes_per_step"] for v in doc["volume"].values())
     return {"comm_ms": doc["summary"]["comm_ms"], "exposed_ms": doc["summary"]["exposed_comm_ms"],
@@ -89,24 +99,32 @@ def ddp(out: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, json="fabric-link-results.json")
     ap.add_argument("--rates", default="1gbit,200mbit")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "fabric-link-results.json"))
-    args = ap.parse_args()
+    ap.add_argument("--sweep-max", default="16M", help="largest size of the bench sweeps (-e; default 16M)")
+    ap.add_argument("--model", default="mobilenet_v2", help="the ddp run's model (default mobilenet_v2)")
+    ap.add_argument("--steps", type=int, default=8,
+                    help="the ddp run's steps, its 2 warm-up steps included (default 8)")
+    args = parse(ap, QUICK)
+    if os.geteuid() != 0:
+        skip("fabric_link", "needs root (tools/fabric)")
+    if missing := [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]:
+        skip("fabric_link", f"tools/fabric needs {', '.join(missing)} on PATH")
+    os.environ["COMMPROF_FABRIC"] = NAME  # every tools/fabric call below, hydra's through it included
     rows = []
     with tempfile.TemporaryDirectory(prefix="fabric-link-") as tmp:
         try:
             for rate in args.rates.split(","):
-                subprocess.run([FABRIC, "up", "2", "--rate", rate, "--pin"], check=True)
+                job([FABRIC, "up", "2", "--rate", rate, "--pin"], timeout_s=120, what="fabric_link: tools/fabric up")
                 link = rate_GBps(rate)
                 row = {"rate": rate, "rate_GBps": link}
                 for backend in ("gloo", "mpi"):
-                    row[backend] = bench(backend, Path(tmp) / f"{rate}-{backend}.json", "16M")
-                row["ddp"] = ddp(Path(tmp) / f"{rate}-ddp.json")
+                    row[backend] = bench(backend, Path(tmp) / f"{rate}-{backend}.json", args.sweep_max)
+                row["ddp"] = ddp(Path(tmp) / f"{rate}-ddp.json", args.model, args.steps)
                 row["ddp"]["link_ms"] = row["ddp"]["wire_bytes_per_step"] / (link * 1e9) * 1e3
                 for backend in ("gloo", "mpi"):
-                    row[backend]["loopback_8B_us"] = bench(backend, Path(tmp) / f"{rate}-{backend}-lo.json", "16M",
-                                                           loopback=True)["latency_8B_us"]
+                    row[backend]["loopback_8B_us"] = bench(backend, Path(tmp) / f"{rate}-{backend}-lo.json",
+                                                           args.sweep_max, loopback=True)["latency_8B_us"]
                 rows.append(row)
                 for backend in ("gloo", "mpi"):
                     b = row[backend]
@@ -117,12 +135,11 @@ def main() -> int:
                 print(f"{rate} ddp: comm {d['comm_ms']:.1f} ms, link alone {d['link_ms']:.1f} ms "
                       f"({d['comm_ms'] / d['link_ms']:.3f})", flush=True)
         finally:
-            subprocess.run([FABRIC, "down"], check=False)
-    Path(args.json).write_text(json.dumps({"goodput": GOODPUT, "rows": rows}, indent=1) + "\n")
+            subprocess.run([FABRIC, "down"], check=False, timeout=120)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"goodput": GOODPUT, "rows": rows}, indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    if os.geteuid() != 0:
-        sys.exit("fabric_link: needs root (tools/fabric)")
     sys.exit(main())

@@ -8,9 +8,12 @@ every op of every run. `without` below is a Comm whose `_call` is the shipped on
 the real MpiComm, rounds alternating which goes first. A 1-rank MPI world isolates the per-op cost from
 network noise (the op is a local copy, ~0.3 µs); 2 ranks show it beside a real exchange.
 
-    python benchmarks/flight_overhead.py [--rounds 15] [--iters 20000] [--nproc 1,2] [--json PATH]
+    python benchmarks/flight_overhead.py [--quick] [--rounds 15] [--iters 20000] [--nproc 1,2] [--json PATH]
 
-Target: ≤ 0.3 µs per op. Results: README, "Errors and exit codes".
+extra = the median over rounds of (with − without), with its 95 % CI (benchmarks/common.py's median_ci).
+--quick: 1 rank, 2 rounds of 200 ops; seconds, to see that it runs.
+
+Target: ≤ 0.3 µs per op. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 
+from common import job, median_ci, order, parse, parser
+
 TARGET_US = 0.3
+QUICK = {"rounds": 2, "iters": 200, "nproc": "1"}
+"""--quick: 1 rank, 2 rounds of 200 ops."""
 
 
 def worker(rounds: int, iters: int) -> None:
@@ -68,8 +74,7 @@ def worker(rounds: int, iters: int) -> None:
     tensor = torch.zeros(2)
     per_round = {k: [] for k in comms}
     for r in range(rounds):
-        order = list(comms) if r % 2 == 0 else list(comms)[::-1]
-        for key in order:
+        for key in order(comms, r):
             comm = comms[key]
             world.Barrier()
             start = time.perf_counter_ns()
@@ -84,13 +89,12 @@ def worker(rounds: int, iters: int) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--iters", type=int, default=20000)
     p.add_argument("--nproc", default="1,2")
-    p.add_argument("--json", metavar="PATH")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = parse(p, QUICK)
     if args.worker:
         worker(args.rounds, args.iters)
         return 0
@@ -98,9 +102,8 @@ def main() -> int:
 
     rows = []
     for n in (int(v) for v in args.nproc.split(",")):
-        out = subprocess.run([find_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds",
-                              str(args.rounds), "--iters", str(args.iters)], capture_output=True, text=True,
-                             check=True, timeout=900).stdout
+        out = job([find_mpiexec(), "-n", str(n), sys.executable, __file__, "--worker", "--rounds", str(args.rounds),
+                   "--iters", str(args.iters)], timeout_s=900, what=f"flight_overhead: {n} rank(s)")
         per_rank = json.loads(out.strip().splitlines()[-1])
         # per round: mean over ranks of the difference; median over rounds
         diffs = [statistics.fmean(r["with"][i] - r["without"][i] for r in per_rank) for i in range(args.rounds)]
@@ -108,11 +111,15 @@ def main() -> int:
         without_us = statistics.median(statistics.fmean(r["without"][i] for r in per_rank)
                                        for i in range(args.rounds))
         rows.append({"nproc": n, "with_us": with_us, "without_us": without_us,
-                     "extra_us": statistics.median(diffs), "rounds": args.rounds, "iters": args.iters})
-    print(f"{'ranks':>5} {'without (µs/op)':>16} {'with (µs/op)':>13} {'extra (µs/op)':>14}  target ≤ {TARGET_US} µs")
+                     "extra_us": statistics.median(diffs), "extra_ci95_us": median_ci(diffs), "rounds": args.rounds,
+                     "iters": args.iters})
+    print(f"{'ranks':>5} {'without (µs/op)':>16} {'with (µs/op)':>13} {'extra (µs/op)':>14} {'95 % CI':>17}  "
+          f"target ≤ {TARGET_US} µs")
     for row in rows:
         verdict = "ok" if row["extra_us"] <= TARGET_US else "OVER"
-        print(f"{row['nproc']:>5} {row['without_us']:>16.3f} {row['with_us']:>13.3f} {row['extra_us']:>14.3f}  {verdict}")
+        lo, hi = row["extra_ci95_us"]
+        print(f"{row['nproc']:>5} {row['without_us']:>16.3f} {row['with_us']:>13.3f} {row['extra_us']:>14.3f} "
+              f"{f'{lo:.3f} … {hi:.3f}':>17}  {verdict}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -15,23 +15,28 @@ commprof/comm/gloo_comm.py existed it measures TorchComm, so the two can be set 
                  cost when it runs right after a blocking call, as it does between two ops
   path, hot      that path alone in a tight loop (a column of its own, not a turn)
 
-    python benchmarks/gloo_layers.py [--turns 3000] [--json PATH]
+    python benchmarks/gloo_layers.py [--quick] [--turns 3000] [--json PATH]
 
-Results: README, "Benchmarks: what profiling a script costs".
+Each "− torch" comes with the 95 % CI of its median (benchmarks/common.py's median_ci). --quick: 50 turns;
+seconds, to see that it runs.
+
+Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
-import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import median_ci, parse, parser
+
+QUICK = {"turns": 50}
+"""--quick: 50 turns."""
 
 
 def comm_over(c10d, recorder):
@@ -51,14 +56,13 @@ def measure(turns: int) -> dict:
     import torch
     from torch.distributed import distributed_c10d as c10d
 
+    from commprof.backends import free_port
     from commprof.comm import interpose
     from commprof.profile.clock import CpuClock
     from commprof.profile.recorder import OpRecorder
 
     torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     c10d.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     t = torch.zeros(2)
     recorder, idle = OpRecorder(CpuClock()), OpRecorder(CpuClock())
@@ -100,24 +104,27 @@ def measure(turns: int) -> dict:
     torch_ns = out["torch"]
     return {"turns": turns, "torch_us": statistics.median(torch_ns) / 1e3,
             "arms": {arm: {"median_us": statistics.median(v) / 1e3,
-                           "minus_torch_us": statistics.median(a - b for a, b in zip(v, torch_ns)) / 1e3}
+                           "minus_torch_us": statistics.median(a - b for a, b in zip(v, torch_ns)) / 1e3,
+                           "minus_torch_ci95_us": [d / 1e3 for d in median_ci([a - b for a, b in zip(v, torch_ns)])]}
                      for arm, v in out.items() if arm != "torch"},
             "path_hot_us": statistics.median(hot) / 1e3}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, json="gloo-layers-results.json")
     p.add_argument("--turns", type=int, default=3000)
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "gloo-layers-results.json"))
-    args = p.parse_args()
+    args = parse(p, QUICK)
     result = measure(args.turns)
     print(f"torch's call: {result['torch_us']:.2f} µs (median of {args.turns} turns)")
-    print("| arm | µs/op | − torch, turn by turn (µs) |")
-    print("| --- | ---: | ---: |")
+    print("| arm | µs/op | − torch, turn by turn (µs) | 95 % CI |")
+    print("| --- | ---: | ---: | ---: |")
     for arm, r in result["arms"].items():
-        print(f"| {arm} | {r['median_us']:.2f} | {r['minus_torch_us']:+.2f} |")
-    print(f"| path, hot | {result['path_hot_us']:.2f} | |")
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        lo, hi = r["minus_torch_ci95_us"]
+        print(f"| {arm} | {r['median_us']:.2f} | {r['minus_torch_us']:+.2f} | {lo:+.2f} … {hi:+.2f} |")
+    print(f"| path, hot | {result['path_hot_us']:.2f} | | |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    sys.stdout.flush()  # os._exit does not
     os._exit(0)  # gloo's threads outlive destroy_process_group (see commprof.comm.end_process)
 
 

@@ -22,28 +22,30 @@ front of `python -m commprof bench …`, which it then runs with measure() wrapp
 control plane run, so whatever a commprof rank costs besides its per-op path is in every arm alike. Each
 block: every arm's warm-up, the barrier bench passes, then N turns, each turn every arm once in one of the
 24 orders (in sequence, the same on every rank). Per collective, size and mode: each arm's median over
-blocks of the per-block median call; `paired` = the median over blocks of arm ÷ torch (and its quartiles);
+blocks of the per-block median call; `paired` = the median over blocks of arm ÷ torch (with its 95 % CI,
+benchmarks/common.py's median_ci, and its quartiles);
 `pooled` = the median of every call of an arm ÷ that of every torch call.
 
-    python benchmarks/gloo_paired.py [--sizes 64K,1M,16M] [--blocks 12] [--json PATH]
+    python benchmarks/gloo_paired.py [--quick] [--sizes 64K,1M,16M] [--blocks 12] [--iters N] [--json PATH]
+
+--quick: 64 KiB, 4 blocks of 10 turns; seconds, to see that it runs.
 
 Target (issue: fast where it counts): commprof ÷ torch ≤ 1.02 at ≥ 64 KiB. ~5 minutes at the defaults.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import job, median_ci, parse, parser, with_root
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ITERS = {64 << 10: 100, 1 << 20: 30, 16 << 20: 5}
 """Calls per block at each size (other sizes get the nearest size below's)."""
@@ -55,6 +57,8 @@ ORDERS = tuple(itertools.permutations(("commprof", "torch", "torch+path", "torch
 its neighbours' moment of the machine, and each arm follows each arm equally often."""
 COMPARED = ("commprof", "torch+path", "torch again")
 """The arms set against torch."""
+QUICK = {"sizes": "64K", "blocks": 4, "iters": 10}
+"""--quick: 64 KiB, 4 blocks of 10 turns."""
 
 
 # ---- inside a rank: bench with measure() wrapped ----------------------------------------------------
@@ -153,26 +157,15 @@ def shim() -> None:
 
 
 # ---- the parent: one commprof bench launch per size ------------------------------------------------
-def launch(size: int, blocks: int) -> list[dict]:
-    iters = ITERS[max((s for s in ITERS if s <= size), default=min(ITERS))]
+def launch(size: int, blocks: int, iters: int | None = None) -> list[dict]:
+    iters = iters or ITERS[max((s for s in ITERS if s <= size), default=min(ITERS))]
     with tempfile.TemporaryDirectory(prefix="gloo-paired-") as tmp:
-        env = {**os.environ, OUT_ENV: tmp, BLOCKS_ENV: str(blocks),
-               "COMMPROF_RANK_WRAPPER": f"{sys.executable} {Path(__file__).resolve()} --shim",
-               "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-        proc = subprocess.run([sys.executable, "-m", "commprof", "bench", *COLLECTIVES, "--backend", "gloo",
-                               "--nproc", "2", "-b", str(size), "-e", str(size), "-n", str(iters),
-                               "-w", str(max(2, iters // 10)), "-c", "0", "--timeout", "600"],
-                              env=env, capture_output=True, text=True, timeout=1800)
-        if proc.returncode:
-            sys.exit(f"gloo_paired: bench at {size} B failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        env = {**with_root(), OUT_ENV: tmp, BLOCKS_ENV: str(blocks),
+               "COMMPROF_RANK_WRAPPER": f"{sys.executable} {Path(__file__).resolve()} --shim"}
+        job([sys.executable, "-m", "commprof", "bench", *COLLECTIVES, "--backend", "gloo", "--nproc", "2",
+             "-b", str(size), "-e", str(size), "-n", str(iters), "-w", str(max(2, iters // 10)), "-c", "0",
+             "--timeout", "600"], env=env, timeout_s=1800, what=f"gloo_paired: bench at {size} B")
         return [json.loads(line) for f in sorted(Path(tmp).glob("rank*.jsonl")) for line in f.open()]
-
-
-def median_ci(sorted_values: list[float]) -> list[float]:
-    """95 % confidence interval of the median (order statistics of the sign test; normal approximation)."""
-    n = len(sorted_values)
-    half = 1.96 * n ** 0.5 / 2
-    return [sorted_values[max(0, int(n / 2 - half))], sorted_values[min(n - 1, int(n / 2 + half))]]
 
 
 def summarise(lines: list[dict]) -> list[dict]:
@@ -187,6 +180,7 @@ def summarise(lines: list[dict]) -> list[dict]:
         for arm in COMPARED:
             ratios = [x / y for x, y in zip(med[arm], med["torch"])]
             rank[f"{arm}_paired"] = statistics.median(ratios)
+            rank[f"{arm}_paired_ci95"] = median_ci(ratios)
             rank[f"{arm}_quartiles"] = statistics.quantiles(ratios, n=4)[::2]
             rank[f"{arm}_pooled"] = pooled[arm] / pooled["torch"]
             # turn by turn: the arm's call minus the torch call of the same turn
@@ -204,7 +198,7 @@ def summarise(lines: list[dict]) -> list[dict]:
     for key in sorted(rows):
         row = rows[key]
         for field in row["per_rank"][0]:
-            if field not in ("rank", "blocks_us") and not field.endswith(("quartiles", "ci_us")):
+            if field not in ("rank", "blocks_us") and not field.endswith(("quartiles", "ci_us", "ci95")):
                 row[field] = statistics.fmean(r[field] for r in row["per_rank"])
         out.append(row)
     return out
@@ -240,20 +234,19 @@ def print_table(rows: list[dict], blocks: int) -> None:
 def main() -> None:
     if "--shim" in sys.argv[1:2]:
         return shim()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="64K,1M,16M", help="comma list, K/M suffixes")
-    parser.add_argument("--blocks", type=int, default=12, help="blocks of N interleaved turns (default 12)")
-    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "results" / "gloo-paired-results.json"),
-                        help="results file; '' for none")
-    args = parser.parse_args()
+    p = parser(__doc__, json="gloo-paired-results.json")
+    p.add_argument("--sizes", default="64K,1M,16M", help="comma list, K/M suffixes")
+    p.add_argument("--blocks", type=int, default=12, help="blocks of N interleaved turns (default 12)")
+    p.add_argument("--iters", type=int, help="N, turns per block (default 100 at 64 KiB, 30 at 1 MiB, 5 at 16 MiB)")
+    args = parse(p, QUICK)
     mult = {"K": 1 << 10, "M": 1 << 20}
     sizes = [int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
              for s in args.sizes.split(",") if s.strip()]
-    if args.blocks < 4 or not sizes:
-        parser.error("--blocks must be at least 4 and --sizes name a size")
+    if args.blocks < 4 or not sizes or (args.iters is not None and args.iters < 1):
+        p.error("--blocks must be at least 4, --iters at least 1 and --sizes name a size")
     started, lines = time.monotonic(), []
     for size in sizes:
-        lines += launch(size, args.blocks)
+        lines += launch(size, args.blocks, args.iters)
         print(f"{size} B done, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     rows = summarise(lines)
     print_table(rows, args.blocks)

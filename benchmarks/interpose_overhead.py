@@ -17,9 +17,13 @@ sequence, every call timed alone; the median over turns of (arm − torch) and i
 share the machine's moment, which blocks do not; the control tells the path's own time between calls from a
 cost inside the call, and the ProcessGroup arm shows what torch's Python layer costs on its own.
 
-    python benchmarks/interpose_overhead.py [--rounds 101] [--iters 200] [--nproc 1,2] [--json PATH]
+    python benchmarks/interpose_overhead.py [--quick] [--rounds 101] [--iters 200] [--nproc 1,2]
+                                            [--launchers gloo,mpi] [--json PATH]
 
-Target: ≤ 2 µs per op, as Comm's own. Results: README, "Benchmarks: what profiling a script costs".
+The CIs are benchmarks/common.py's median_ci. --quick: 1 rank under each launcher, 2 rounds of 20 ops;
+seconds, to see that it runs.
+
+Target: ≤ 2 µs per op, as Comm's own. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -27,16 +31,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from common import job, median_ci, order, parse, parser, ranks, with_root
 
 TARGET_US = 2.0
 TURN_ARMS = ("interposed", "control", "comm", "process group")
 """The turn-by-turn arms set against torch's own call."""
-ROOT = Path(__file__).resolve().parent.parent
+QUICK = {"rounds": 2, "iters": 20, "nproc": "1"}
+"""--quick: 1 rank under each launcher, 2 rounds of 20 ops (4 turns)."""
+TIMEOUT_S = 1200
 
 
 def worker(rounds: int, iters: int) -> None:
@@ -58,8 +64,7 @@ def worker(rounds: int, iters: int) -> None:
     recorder = OpRecorder(CpuClock())
     per_op: dict[str, list[float]] = {"torch": [], "interposed": []}
     for r in range(rounds + 1):  # round 0 warms both paths up and is not kept
-        order = ("torch", "interposed") if r % 2 == 0 else ("interposed", "torch")
-        for mode in order:
+        for mode in order(("torch", "interposed"), r):
             if mode == "interposed":
                 interpose.install(recorder)
             call = dist.all_reduce
@@ -137,39 +142,25 @@ def turns(path_ns: float, count: int) -> dict[str, list[float]]:
     return out
 
 
-def median_ci(values: list[float]) -> list[float]:
-    """95 % confidence interval of the median (sign-test order statistics, normal approximation)."""
-    v, n = sorted(values), len(values)
-    half = 1.96 * n ** 0.5 / 2
-    return [v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
-               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    from commprof.backends import free_port
+    from commprof.launch import find_mpiexec
+
+    env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
     command = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--iters", str(iters)]
+    what = f"interpose_overhead: {launcher} × {nproc}"
     if launcher == "mpi":
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        procs = [subprocess.Popen([mpiexec, "-n", str(nproc), *command], env=env, stdout=subprocess.PIPE, text=True)]
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc))
+        outs = [job([find_mpiexec(), "-n", str(nproc), *command], env=env, timeout_s=TIMEOUT_S, what=what)]
     else:
-        procs = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                  stdout=subprocess.PIPE, text=True) for r in range(nproc)]
-    outs = [p.communicate(timeout=1200)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{launcher} × {nproc}: a rank failed")
+        outs = ranks(command, nproc, env=env, timeout_s=TIMEOUT_S, what=what)
     per_op = json.loads(next(line for out in outs for line in out.splitlines() if line.startswith("{")))
     extra = [i - t for i, t in zip(per_op["interposed"], per_op["torch"])]
     by_turn = per_op["turns"]
     turn = {arm: [a - b for a, b in zip(by_turn[arm], by_turn["torch"])] for arm in TURN_ARMS}
     return {"launcher": launcher, "nproc": nproc, "rounds": rounds, "iters": iters,
             "torch_us": statistics.median(per_op["torch"]), "interposed_us": statistics.median(per_op["interposed"]),
-            "extra_us": statistics.median(extra), "extra_us_per_round": extra,
+            "extra_us": statistics.median(extra), "extra_ci_us": median_ci(extra), "extra_us_per_round": extra,
             "python_path_us": statistics.median(per_op["python_path"]), "target_us": TARGET_US,
             "turns": len(by_turn["torch"]), "turn_torch_us": statistics.median(by_turn["torch"]),
             **{f"turn_{arm}_extra_us": statistics.median(d) for arm, d in turn.items()},
@@ -177,14 +168,13 @@ def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__, json="interpose-overhead-results.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=101)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--nproc", default="1,2")
     p.add_argument("--launchers", default="gloo,mpi")
-    p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "interpose-overhead-results.json"))
-    args = p.parse_args()
+    args = parse(p, QUICK)
     if args.worker:
         worker(args.rounds, args.iters)
         return
@@ -203,7 +193,8 @@ def main() -> None:
         print(f"| {r['launcher']} | {r['nproc']} | {r['torch_us']:.2f} | {r['interposed_us']:.2f} | "
               f"{r['extra_us']:+.2f} | " + " | ".join(ci(r, arm) for arm in TURN_ARMS)
               + f" | {r['python_path_us']:.2f} | ≤ {TARGET_US:g} |")
-    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

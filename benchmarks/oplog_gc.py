@@ -12,20 +12,27 @@ group), all atomic with CPU stamps — both ways, the order flipping every round
   read     one pass summing `end - start` over the log: the readers' cost, `op[END]` against `op.end`
 A `gc` figure for an empty log is printed as the floor. Medians over rounds; ratios are NamedTuple / tuple.
 
-    python benchmarks/oplog_gc.py [--entries 1000000] [--rounds 7]
+    python benchmarks/oplog_gc.py [--quick] [--entries 1000000] [--rounds 7] [--json PATH]
 
-Prints one line per measure: tuple, NamedTuple, the ratio. Results: profile/recorder.py's docstring.
+--quick: 10,000 entries, 2 rounds. Prints one line per measure: tuple, NamedTuple, the ratio of their
+medians, and the median of the per-round ratios with its 95 % CI (benchmarks/common.py's ratio_ci); --json
+writes the same. Results: profile/recorder.py's docstring.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import NamedTuple
 
+from common import order, parse, parser, ratio_ci
+
 NAME, NBYTES, GROUP_SIZE, START, END, HOST, GROUP = range(7)
+QUICK = {"entries": 10_000, "rounds": 2}
+"""--quick: 10,000 entries, 2 rounds."""
 
 
 class Entry(NamedTuple):
@@ -83,11 +90,11 @@ def read_named(log: list) -> float:
     return time.perf_counter() - start
 
 
-def one_round(n: int, named_first: bool) -> dict[str, tuple[float, float]]:
-    """(tuple, NamedTuple) seconds per measure; each log is measured alone, the other one freed."""
+def one_round(n: int, r: int) -> dict[str, tuple[float, float]]:
+    """(tuple, NamedTuple) seconds per measure in round r; each log is measured alone, the other one freed."""
     t0 = time.perf_counter_ns()  # large ints, as stamps are: never the small-int cache
     out: dict[str, list] = {k: [0.0, 0.0] for k in ("append", "build", "gc", "read")}
-    for named in ((True, False) if named_first else (False, True)):
+    for named in order((False, True), r):
         fill = fill_named if named else fill_tuples
         out["build"][named] = without_gc(fill, n, t0)
         log, append_s = fill(n, t0)
@@ -99,22 +106,31 @@ def one_round(n: int, named_first: bool) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args()
+    args = parse(p, QUICK)
     gc.collect()
     floor = statistics.median(timed_gc() for _ in range(args.rounds))
-    rounds = [one_round(args.entries, r % 2 == 1) for r in range(args.rounds)]
+    rounds = [one_round(args.entries, r) for r in range(args.rounds)]
     n = args.entries
     print(f"{n:,} entries, {args.rounds} rounds, medians; gc.collect() with no log: {floor * 1e3:.1f} ms")
-    print(f"{'':8} {'tuple':>12} {'NamedTuple':>12} {'ratio':>7}")
+    print(f"{'':8} {'tuple':>12} {'NamedTuple':>12} {'ratio':>7}  {'per round, 95 % CI':>22}")
     per_op = 1e9 / n
+    measures = {}
     for what, scale, unit in (("append", per_op, "ns/op"), ("build", per_op, "ns/op"), ("gc", 1e3, "ms"),
                               ("read", per_op, "ns/op")):
         plain = statistics.median(r[what][0] for r in rounds)
         named = statistics.median(r[what][1] for r in rounds)
-        print(f"{what:8} {plain * scale:8.1f} {unit:<5} {named * scale:6.1f} {unit:<5} {named / plain:6.2f}×")
+        paired = ratio_ci([r[what][1] for r in rounds], [r[what][0] for r in rounds])
+        measures[what] = {"unit": unit, "tuple": plain * scale, "namedtuple": named * scale, "ratio": named / plain,
+                          "paired_ratio": paired["ratio"], "paired_ratio_ci95": paired["ci95"]}
+        lo, hi = paired["ci95"]
+        print(f"{what:8} {plain * scale:8.1f} {unit:<5} {named * scale:6.1f} {unit:<5} {named / plain:6.2f}×  "
+              f"{paired['ratio']:6.2f}× [{lo:.2f}, {hi:.2f}]")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"entries": n, "rounds": args.rounds, "gc_floor_ms": floor * 1e3,
+                                               "measures": measures}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,16 +34,17 @@ over all parameters and both ranks, next to how far training moved them from the
 both have done the same steps on the same data, so they should agree to rounding; a timing comparison
 between different computations would mean nothing.
 
-    python benchmarks/pipeline_vs_torch.py [--model gpt2] [--batch 32] [--micro-batches 4] [--steps 5]
+    python benchmarks/pipeline_vs_torch.py [--quick] [--model gpt2] [--batch 32] [--micro-batches 4] [--steps 5]
                                            [--rounds 6] [--warmup 1] [--json PATH]
 
-Reading the table: ms are medians over rounds; ratio = ours / torch per round, median over rounds
-(1.00 = as fast as PyTorch, below 1 = faster). Target ≤ 1.10.
+--quick: gpt2-tiny, a batch of 8 in 2 micro-batches, 2 rounds of 2 steps; a few seconds, to see that it runs.
+
+Reading the table: ms are medians over rounds; ratio = ours / torch per round, median over rounds with its
+95 % CI (benchmarks/common.py's ratio_ci) (1.00 = as fast as PyTorch, below 1 = faster). Target ≤ 1.10.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -51,11 +52,23 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from run_overhead import NPROC, env_record, make_batches, spawn_ranks
-from run_vs_torch import ours, timed_rounds
+from common import (
+    NPROC,
+    env_record,
+    make_batches,
+    parse,
+    ratio_ci,
+    spawn_ranks,
+    strategy_trainer,
+    timed_rounds,
+    training_argv,
+    training_parser,
+)
 
 RATIO_TARGET = 1.10
 NAMES = ("ours", "torch")
+QUICK = {"model": "gpt2-tiny", "batch": 8, "micro_batches": 2, "steps": 2, "rounds": 2, "warmup": 1}
+"""--quick: the smallest chain model, 2 micro-batches, two rounds (one each way) of two steps."""
 
 
 # ---- the two trainers -----------------------------------------------------------------------------
@@ -110,9 +123,9 @@ def worker(args) -> None:
     import torch
 
     from commprof.comm import end_process, init_comm
+    from commprof.parallel.partition import balanced_starts, param_costs
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
-    from commprof.parallel.partition import balanced_starts, param_costs
     from commprof.world import discover
 
     torch.set_num_threads(1)
@@ -130,7 +143,7 @@ def worker(args) -> None:
     batches = split_batches(make_batches(source, rank=0, world_size=1, batch=args.batch, steps=args.steps),
                             args.micro_batches)
     trainers, error = {}, None
-    step, _, strategy = ours(cfg, comm, batches, micro_batches=lambda batch: batch[2])
+    step, _, strategy = strategy_trainer(cfg, comm, batches, micro_batches=lambda batch: batch[2])
     assert strategy.starts == starts, (strategy.starts, starts)
     # each rank compares its own stage (full_state gathers to rank 0 only)
     trainers["ours"] = (step, lambda: [p.detach() for p in strategy.stage_module.parameters()])
@@ -179,6 +192,7 @@ def summarize(per_rank: list[dict]) -> dict:
     summary = {"ours_ms": statistics.median(r["ours"] for r in rounds),
                "torch_ms": statistics.median(r["torch"] for r in rounds),
                "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+               "ratio_ci95": ratio_ci([r["ours"] for r in rounds], [r["torch"] for r in rounds])["ci95"],
                "parity": parity}
     summary["verdict"] = "PASS" if summary["ratio"] <= RATIO_TARGET else "FAIL"
     return {"starts": first["starts"], "per_round": rounds, "summary": summary}
@@ -203,41 +217,28 @@ def print_table(result: dict, args) -> None:
     s = result["summary"]
     table.add_row("median", "", f"{s['ours_ms']:.1f}", f"{s['torch_ms']:.1f}", f"{s['ratio']:.3f}")
     Console(width=None if sys.stdout.isatty() else 200).print(table)
-    q = s["parity"]
-    print(f"ours/torch {s['ratio']:.3f} (rounds {s['ratio_min']:.3f} … {s['ratio_max']:.3f}): {s['verdict']} "
+    q, (lo, hi) = s["parity"], s["ratio_ci95"]
+    print(f"ours/torch {s['ratio']:.3f} (rounds {s['ratio_min']:.3f} … {s['ratio_max']:.3f}, 95 % CI {lo:.3f} … "
+          f"{hi:.3f}): {s['verdict']} "
           f"(target ≤ {RATIO_TARGET:g}); parameters after {q['steps']} steps: max |ours - torch| = "
           f"{q['max_abs_diff']:.3g} (max |ours - initial| {q['max_abs_update']:.3g})")
 
 
-def parse(doc: str) -> argparse.Namespace:
-    """run_overhead.parse_args's flags with this benchmark's defaults, plus --micro-batches."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--model", default="gpt2", help="a commprof.models name with a layer chain (default gpt2)")
-    parser.add_argument("--batch", type=int, default=32, help="samples per step, all micro-batches (default 32)")
-    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (default 4)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per trainer per round (default 5)")
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per trainer first (default 1)")
-    parser.add_argument("--json", metavar="PATH", help="also write the results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if min(args.batch, args.micro_batches, args.steps, args.rounds) < 1 or args.warmup < 0:
-        parser.error("--batch, --micro-batches, --steps and --rounds must be at least 1, --warmup at least 0")
-    if args.batch % args.micro_batches:
-        parser.error(f"--batch {args.batch} must be a multiple of --micro-batches {args.micro_batches} "
-                     "(torch splits the batch into exactly that many equal micro-batches)")
-    return args
-
-
 def main() -> None:
-    args = parse(__doc__)
+    p = training_parser(__doc__, model="gpt2", batch="samples per step, all micro-batches", steps=5, rounds=6,
+                        warmup=1, what="trainer")
+    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (default 4)")
+    args = parse(p, QUICK)
     if args.worker:
         return worker(args)
-    argv = ["--model", args.model, "--batch", str(args.batch), "--micro-batches", str(args.micro_batches),
-            "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
+    if args.micro_batches < 1:
+        p.error("--micro-batches must be at least 1")
+    if args.batch % args.micro_batches:
+        p.error(f"--batch {args.batch} must be a multiple of --micro-batches {args.micro_batches} "
+                "(torch splits the batch into exactly that many equal micro-batches)")
     with tempfile.TemporaryDirectory() as tmp:
-        result = summarize(json.loads(spawn_ranks(__file__, argv, tmp).read_text()))
+        result = summarize(json.loads(spawn_ranks(__file__, training_argv(
+            p, args, "--micro-batches", str(args.micro_batches)), tmp).read_text()))
     print_table(result, args)
     if args.json:
         Path(args.json).write_text(json.dumps({

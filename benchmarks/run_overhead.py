@@ -15,35 +15,45 @@ Comm logs every op in both (one tuple appended per op, and its NVTX push/pop): t
 always paid, and not what is measured here. Each side starts after a barrier, the order flipping every
 round; per round, the median step time of each rank is averaged over ranks.
 
-    python benchmarks/run_overhead.py [--model resnet18] [--batch 32] [--steps 24] [--rounds 10]
+    python benchmarks/run_overhead.py [--quick] [--model resnet18] [--batch 32] [--steps 24] [--rounds 10]
                                       [--warmup 3] [--json PATH]
 
+--quick: mnist-cnn, 8 per rank, 2 rounds of 2 steps; a few seconds, to see that it runs.
+
 Reading the table: one row per round, then the medians over rounds. ratio = on / off (1.00 = recording
-costs nothing); the verdict compares the median ratio with the target, ≤ 1.02. Rounds differ by a few
-percent on a shared 2-core machine (an on/off run with NoPhases on both sides spreads about as much),
-so the spread of the per-round ratios says how far to trust the median. The line under the table
+costs nothing), with the 95 % CI of its median (benchmarks/common.py's ratio_ci); the verdict compares
+the median ratio with the target, ≤ 1.02. Rounds differ by a few percent on a shared 2-core machine (an
+on/off run with NoPhases on both sides spreads about as much), so the spread of the per-round ratios says
+how far to trust the median. The line under the table
 resolves what the rounds cannot: recording's own time per step, one real step's phases and op log
 replayed 2000 times through Phases (breakdown and volume included) minus the same through NoPhases.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from overhead import wait_all
+from common import (
+    NPROC,
+    env_record,
+    interleaved,
+    make_batches,
+    parse,
+    ratio_ci,
+    spawn_ranks,
+    training_argv,
+    training_parser,
+)
 
-NPROC = 2
 RATIO_TARGET = 1.02
-WORKER_TIMEOUT_S = 1800
+QUICK = {"model": "mnist-cnn", "batch": 8, "steps": 2, "rounds": 2, "warmup": 1}
+"""--quick: the smallest model, two rounds (one each way) of two steps."""
 
 
 class NoPhases:
@@ -60,49 +70,6 @@ class NoPhases:
 
     def end(self) -> None:
         return None
-
-
-# ---- shared with run_vs_torch.py: the ranks' data and their start ------------------------------
-def make_batches(source, *, rank: int, world_size: int, batch: int, steps: int, seed: int = 0) -> list:
-    """This rank's (x, y) for steps 0 … steps-1, sliced from the global batch as commprof.run.loop does."""
-    from commprof.data import global_indices, steps_per_epoch
-
-    spe = steps_per_epoch(source.num_samples, batch * world_size)
-    out = []
-    for t in range(steps):
-        epoch, step = divmod(t, spe)
-        idx = global_indices(source.num_samples, seed=seed, epoch=epoch, step=step, global_batch=batch * world_size)
-        b = source.get(idx[rank * batch:(rank + 1) * batch])
-        out.append((b.x, b.y))
-    return out
-
-
-def spawn_ranks(script: str, argv: list[str], tmp: str, nproc: int = NPROC) -> Path:
-    """Run `script --worker --out tmp/rows.json argv` as `nproc` gloo ranks; the path rank 0 wrote."""
-    from commprof.comm import free_port
-
-    out = Path(tmp) / "rows.json"
-    cmd = [sys.executable, str(Path(script).resolve()), "--worker", "--out", str(out), *argv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(nproc)]
-    if not wait_all(procs, WORKER_TIMEOUT_S) or not out.exists():
-        sys.exit(f"{Path(script).name}: the ranks failed")
-    return out
-
-
-def env_record(argv: list[str]) -> dict:
-    """Versions, cores, command and date, as `commprof run` reports them."""
-    import torch
-
-    from commprof.report.env import local_env, merge_env
-    from commprof.world import usable_cores
-
-    env = merge_env([local_env(torch.device("cpu"))], backend="gloo", world_size=NPROC, local_world_size=NPROC,
-                    slots=usable_cores(), oversubscribed=NPROC > usable_cores(), launcher="benchmark", clock="cpu",
-                    argv=argv)
-    env.update(cores=usable_cores(), omp_num_threads_per_rank=1)
-    return env
 
 
 # ---- a worker: one rank --------------------------------------------------------------------------
@@ -151,13 +118,10 @@ def worker(args) -> None:
 
     for side in (on, off):  # warm up: allocator, gloo connections, caches
         side(min(args.warmup, args.steps))
-    rounds, sides = [], {"on": on, "off": off}
-    for r in range(args.rounds):
-        row = {"first": "on" if r % 2 == 0 else "off"}
-        for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            comm.control_barrier()
-            row[f"{name}_ms"] = statistics.median(sides[name](args.steps)) / 1e6
-        rounds.append(row)
+    sides = {"on": lambda: statistics.median(on(args.steps)) / 1e6,
+             "off": lambda: statistics.median(off(args.steps)) / 1e6}
+    rounds = [{"first": r["first"], "on_ms": r["on"], "off_ms": r["off"]}
+              for r in interleaved(sides, args.rounds, before=comm.control_barrier)]
     cost_ns = recording_cost_ns(recorder, lambda phases: strategy.train_step([batches[0]], phases))
     gathered = comm.gather_object({"rounds": rounds, "recording_cost_ns": cost_ns}, dst=0)
     if comm.rank == 0:
@@ -212,6 +176,7 @@ def summarize(gathered: list[dict]) -> dict:
     out = {"on_ms": statistics.median(r["on_ms"] for r in rounds),
            "off_ms": statistics.median(r["off_ms"] for r in rounds),
            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "ratio_ci95": ratio_ci([r["on_ms"] for r in rounds], [r["off_ms"] for r in rounds])["ci95"],
            "per_rank_rounds": per_rank,
            "recording_cost_us": statistics.fmean(g["recording_cost_ns"] for g in gathered) / 1e3}
     out["recording_cost_fraction"] = out["recording_cost_us"] / 1e3 / out["off_ms"]
@@ -233,37 +198,21 @@ def print_table(result: dict, args) -> None:
     s = result["summary"]
     table.add_row("median", "", f"{s['off_ms']:.1f}", f"{s['on_ms']:.1f}", f"{s['ratio']:.3f}", end_section=True)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+    lo, hi = s["ratio_ci95"]
     print(f"ratio range over rounds {s['ratio_min']:.3f} … {s['ratio_max']:.3f}; "
-          f"median {s['ratio']:.3f}: {s['verdict']} (target ≤ {RATIO_TARGET:g})")
+          f"median {s['ratio']:.3f} (95 % CI {lo:.3f} … {hi:.3f}): {s['verdict']} (target ≤ {RATIO_TARGET:g})")
     print(f"recording alone (one step's phases and op log replayed, on − off): {s['recording_cost_us']:.1f} µs "
           f"per step = {100 * s['recording_cost_fraction']:.3f}% of an off step")
 
 
-def parse_args(doc: str, *, steps: int, rounds: int, warmup: int, what: str) -> argparse.Namespace:
-    """The flags both run benchmarks take (the hidden ones start a rank)."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--model", default="resnet18", help="a commprof.models name (default resnet18)")
-    parser.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
-    parser.add_argument("--steps", type=int, default=steps, help=f"timed steps per {what} per round (default {steps})")
-    parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default {rounds})")
-    parser.add_argument("--warmup", type=int, default=warmup, help=f"untimed steps per {what} first (default {warmup})")
-    parser.add_argument("--json", metavar="PATH", help="also write the results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if min(args.batch, args.steps, args.rounds) < 1 or args.warmup < 0:
-        parser.error("--batch, --steps and --rounds must be at least 1, --warmup at least 0")
-    return args
-
-
 def main() -> None:
-    args = parse_args(__doc__, steps=24, rounds=10, warmup=3, what="side")
+    p = training_parser(__doc__, model="resnet18", batch="samples per rank per step", steps=24, rounds=10, warmup=3,
+                        what="side")
+    args = parse(p, QUICK)
     if args.worker:
         return worker(args)
-    argv = ["--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
-            "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
     with tempfile.TemporaryDirectory() as tmp:
-        result = summarize(json.loads(spawn_ranks(__file__, argv, tmp).read_text()))
+        result = summarize(json.loads(spawn_ranks(__file__, training_argv(p, args), tmp).read_text()))
     print_table(result, args)
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -21,11 +21,14 @@ parameters and ranks, next to how far training moved them from the initial weigh
 the same steps on the same data, so they should agree to rounding; a timing comparison between
 different computations would mean nothing.
 
-    python benchmarks/run_vs_torch.py [--model resnet18] [--batch 32] [--steps 15] [--rounds 8]
+    python benchmarks/run_vs_torch.py [--quick] [--model resnet18] [--batch 32] [--steps 15] [--rounds 8]
                                       [--warmup 2] [--json PATH]
 
-Reading the table: ms are medians over rounds; ratio = ours / torch per round, median over rounds
-(1.00 = as fast as PyTorch, below 1 = faster). Target ≤ 1.10 per pair.
+--quick: mnist-cnn, 8 per rank, 2 rounds of 2 steps; a few seconds, to see that it runs.
+
+Reading the table: ms are medians over rounds; ratio = ours / torch per round, median over rounds with its
+95 % CI (benchmarks/common.py's ratio_ci) (1.00 = as fast as PyTorch, below 1 = faster). Target ≤ 1.10 per
+pair.
 """
 
 from __future__ import annotations
@@ -34,64 +37,29 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
-from run_overhead import NPROC, env_record, make_batches, parse_args, spawn_ranks
+from common import (
+    NPROC,
+    env_record,
+    make_batches,
+    parse,
+    ratio_ci,
+    spawn_ranks,
+    strategy_trainer,
+    timed_rounds,
+    training_argv,
+    training_parser,
+)
 
 RATIO_TARGET = 1.10
 PAIRS = ("ddp", "fsdp")
+QUICK = {"model": "mnist-cnn", "batch": 8, "steps": 2, "rounds": 2, "warmup": 1}
+"""--quick: the smallest model, two rounds (one each way) of two steps."""
 
 
 # ---- the four trainers ----------------------------------------------------------------------------
-def timed_rounds(comm, trainers: dict, names, done: dict, *, rounds: int, steps: int) -> list[dict]:
-    """`rounds` rounds of `steps` timed steps per trainer, each after a barrier, the order of `names`
-    reversing every round; per round and trainer the median ms per step. `done` counts steps run."""
-    out, now = [], time.perf_counter_ns
-    for r in range(rounds):
-        row = {"first": "ours" if r % 2 == 0 else "torch"}
-        for name in names if r % 2 == 0 else names[::-1]:
-            step, times = trainers[name][0], []
-            comm.control_barrier()
-            for _ in range(steps):
-                t0 = now()
-                step(done[name])
-                times.append(now() - t0)
-                done[name] += 1
-            row[name] = statistics.median(times) / 1e6
-        out.append(row)
-    return out
-
-
-def ours(cfg, comm, batches, micro_batches=lambda batch: [batch]):
-    """A step of commprof's strategy, recording on, as commprof.run.loop.train runs it; returns
-    (step, params, strategy). `micro_batches(batch)` is what train_step gets for one pre-built batch."""
-    from commprof.profile.phases import Phases
-    from commprof.profile.volume import step_volume
-    from commprof.run.loop import build
-    from commprof.strategies import STRATEGIES
-
-    _, spec = build(cfg)
-    strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
-    phases, recorder = Phases(comm.recorder), comm.recorder
-    spec.module.train()
-
-    def step(i: int) -> float:
-        phases.begin(i)
-        loss = strategy.train_step(micro_batches(batches[i % len(batches)]), phases).loss
-        phases.end()
-        step_volume(phases.ops())
-        recorder.clear()
-        return loss
-
-    def params() -> list:
-        state = strategy.full_state()
-        return [state[name] for name, _ in spec.module.named_parameters()]
-
-    return step, params, strategy
-
-
 def theirs(cfg, batches, mesh):
     """A step of PyTorch's DistributedDataParallel (cfg.strategy "ddp") or FSDP2 ("fsdp")."""
     from commprof.run.loop import build
@@ -143,7 +111,7 @@ def worker(args) -> None:
     trainers, errors = {}, {}
     for pair in PAIRS:
         pcfg = replace(cfg, strategy=pair)
-        trainers[f"ours {pair}"] = ours(pcfg, comm, batches)[:2]
+        trainers[f"ours {pair}"] = strategy_trainer(pcfg, comm, batches)[:2]
         try:
             mesh = init_device_mesh("cpu", (comm.world_size,)) if pair == "fsdp" else None
             trainers[f"torch {pair}"] = theirs(pcfg, batches, mesh)
@@ -197,6 +165,8 @@ def summarize(per_rank: list[dict]) -> dict:
         pairs[pair] = {"ours_ms": statistics.median(r[f"ours {pair}"] for r in rounds),
                        "torch_ms": statistics.median(r[f"torch {pair}"] for r in rounds),
                        "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                       "ratio_ci95": ratio_ci([r[f"ours {pair}"] for r in rounds],
+                                              [r[f"torch {pair}"] for r in rounds])["ci95"],
                        "parity": parity}
         pairs[pair]["verdict"] = "PASS" if pairs[pair]["ratio"] <= RATIO_TARGET else "FAIL"
     return {"per_round": rounds, "pairs": pairs}
@@ -232,19 +202,21 @@ def print_table(result: dict, args) -> None:
             print(f"{pair}: torch's side could not run, not measured: {p['error']}")
             continue
         q = p["parity"]
-        print(f"{pair}: ours/torch {p['ratio']:.3f} (rounds {p['ratio_min']:.3f} … {p['ratio_max']:.3f}): "
+        lo, hi = p["ratio_ci95"]
+        print(f"{pair}: ours/torch {p['ratio']:.3f} (rounds {p['ratio_min']:.3f} … {p['ratio_max']:.3f}, 95 % CI "
+              f"{lo:.3f} … {hi:.3f}): "
               f"{p['verdict']} (target ≤ {RATIO_TARGET:g}); parameters after {q['steps']} steps: "
               f"max |ours - torch| = {q['max_abs_diff']:.3g} (max |ours - initial| {q['max_abs_update']:.3g})")
 
 
 def main() -> None:
-    args = parse_args(__doc__, steps=15, rounds=8, warmup=2, what="trainer")
+    p = training_parser(__doc__, model="resnet18", batch="samples per rank per step", steps=15, rounds=8, warmup=2,
+                        what="trainer")
+    args = parse(p, QUICK)
     if args.worker:
         return worker(args)
-    argv = ["--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
-            "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
     with tempfile.TemporaryDirectory() as tmp:
-        result = summarize(json.loads(spawn_ranks(__file__, argv, tmp).read_text()))
+        result = summarize(json.loads(spawn_ranks(__file__, training_argv(p, args), tmp).read_text()))
     print_table(result, args)
     if args.json:
         Path(args.json).write_text(json.dumps({

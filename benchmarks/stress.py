@@ -3,7 +3,9 @@
 A profiler that crashes at exit one run in fifty fails a CI run in three; this counts such failures
 over many complete jobs, each a fresh set of processes, and keeps the stderr of every failed one.
 
-    python benchmarks/stress.py [--runs 200] [--parallel 2] [--case NAME ...] [--json PATH]
+    python benchmarks/stress.py [--quick] [--runs 200] [--parallel 2] [--case NAME ...] [--json PATH]
+
+--quick: one bench3 job; seconds, to see that it runs.
 
 Cases (cycled in order until --runs jobs have run):
   bench3       commprof bench --backend mpi --nproc 3 (every collective, 8 B - 4 KiB)
@@ -20,13 +22,14 @@ The table gives runs and failures per case; --json keeps every failure's exit co
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+
+from common import parse, parser
 
 SMALL = ["-b", "8", "-e", "4K", "-f", "8", "-n", "3", "-w", "1", "--timeout", "120"]
 CASES = {
@@ -42,6 +45,8 @@ CASES = {
                   "--eval-samples", "0", "--timeout", "120"],
 }
 JOB_TIMEOUT_S = 600
+QUICK = {"runs": 1}
+"""--quick: one job, of bench3 unless --case names others."""
 
 
 def one(case: str) -> dict:
@@ -57,13 +62,12 @@ def one(case: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--case", action="append", choices=sorted(CASES), help="default: every case")
-    p.add_argument("--json", metavar="PATH")
-    args = p.parse_args()
-    cases = args.case or list(CASES)
+    args = parse(p, QUICK)
+    cases = args.case or (["bench3"] if args.quick else list(CASES))
     order = [cases[i % len(cases)] for i in range(args.runs)]
     runs, fails = Counter(), Counter()
     failures = []

@@ -7,14 +7,18 @@ Each round runs the three configurations once, in a rotating order, as separate 
 "NVTX off" is NVTX_DISABLE=1, which turns the nvtx package into no-ops. The trace size is the bytes of
 both per-rank files divided by (iterations × ranks).
 
-    python benchmarks/trace_overhead.py [--rounds 5] [--steps 60] [--json benchmarks/results/trace-overhead-results.json]
+    python benchmarks/trace_overhead.py [--quick] [--rounds 5] [--steps 60] [--warmup 5] [--ops 100000]
+                                        [--json benchmarks/results/trace-overhead-results.json]
+
+Each ratio over off comes with the 95 % CI of its median (benchmarks/common.py's ratio_ci). --quick: one
+round of 3 steps after 1 of warm-up, 10,000 ranges and ops for the costs; to see that it runs.
 
 Whole runs on this VM swing by ±15 % between runs, far above the 1 % asked of NVTX, so the script
 also measures the cost itself, in one process per configuration with nothing else in the loop: the
 time of one phase range (push, pop) and of one synchronous comm op's instrumentation (push, op-log
 entry, pop), both including the trace's formatting and writing; and counts the ranges and ops of one
-ddp iteration from the trace. cost per iteration = ranges × range cost + ops × op cost, reported
-against the NVTX-off iteration time.
+ddp iteration in the last round's trace. cost per iteration = ranges × range cost + ops × op cost,
+reported against the NVTX-off iteration time.
 
 Reading it: mnist-cnn's iteration is a few ms with 3 all_reduces (40 KiB buckets), so per-range costs
 show here more than in any real model.
@@ -22,17 +26,19 @@ show here more than in any real model.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from common import job, parse, parser, ratio_ci
+
 CONFIGS = ("off", "nvtx", "trace")
+QUICK = {"rounds": 1, "steps": 3, "warmup": 1, "ops": 10_000}
+"""--quick: one round of 3 steps after 1 of warm-up; 10,000 ranges and ops for the costs."""
+RUN_TIMEOUT_S = 900
 
 
 def one_run(config: str, steps: int, warmup: int, tmp: Path) -> dict:
@@ -45,9 +51,7 @@ def one_run(config: str, steps: int, warmup: int, tmp: Path) -> dict:
         env["NVTX_DISABLE"] = "1"
     if config == "trace":
         argv += ["--trace", str(trace_dir)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        sys.exit(f"{config} run failed: {proc.stderr.strip()[-400:]}")
+    job(argv, env=env, timeout_s=RUN_TIMEOUT_S, what=f"trace_overhead: the {config} run")
     row = {"iteration_ms": json.loads(out.read_text())["summary"]["iteration_ms"]}
     if config == "trace":
         files = list(trace_dir.glob("rank*.trace.json"))
@@ -56,7 +60,7 @@ def one_run(config: str, steps: int, warmup: int, tmp: Path) -> dict:
     return row
 
 
-def worker(config: str, n: int = 100_000) -> None:
+def worker(config: str, n: int) -> None:
     """Print ns per phase range and per instrumented sync op, for this process's configuration."""
     import time
 
@@ -65,7 +69,7 @@ def worker(config: str, n: int = 100_000) -> None:
     from commprof.profile.clock import CpuClock
 
     class FakeComm:  # what the op-log hook reads of a Comm
-        rank, world_size, clock = 0, 2, CpuClock()
+        rank, world_size, clock, members = 0, 2, CpuClock(), [0, 1]
 
     tmp = tempfile.mkdtemp()
     if config == "trace":
@@ -96,24 +100,24 @@ def worker(config: str, n: int = 100_000) -> None:
     print(json.dumps({"range_ns": per_range, "op_ns": per_op}))
 
 
-def micro(config: str) -> dict:
+def micro(config: str, n: int) -> dict:
     env = dict(os.environ)
     if config == "off":
         env["NVTX_DISABLE"] = "1"
-    proc = subprocess.run([sys.executable, __file__, "--worker", config], env=env, capture_output=True, text=True,
-                          check=True)
-    return json.loads(proc.stdout)
+    out = job([sys.executable, __file__, "--worker", config, str(n)], env=env, timeout_s=RUN_TIMEOUT_S,
+              what=f"trace_overhead: the {config} costs")
+    return json.loads(out)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        return worker(sys.argv[2])
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        return worker(sys.argv[2], int(sys.argv[3]))
+    p = parser(__doc__, json="trace-overhead-results.json")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--json", default=str(HERE / "results" / "trace-overhead-results.json"))
-    args = p.parse_args()
+    p.add_argument("--ops", type=int, default=100_000, help="ranges and ops timed for each cost (default 100000)")
+    args = parse(p, QUICK)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -121,12 +125,14 @@ def main() -> None:
             row = {c: one_run(c, args.steps, args.warmup, Path(tmp)) for c in order}
             rounds.append(row)
             print(f"round {r}: " + ", ".join(f"{c} {row[c]['iteration_ms']:.3f} ms" for c in CONFIGS), flush=True)
+        ranges, ops = ranges_per_iteration(Path(tmp) / "trace-trace" / "rank0.trace.json", args.steps)
     summary = {}
     for c in ("nvtx", "trace"):
         ratios = [row[c]["iteration_ms"] / row["off"]["iteration_ms"] for row in rounds]
-        summary[f"{c}_over_off"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-    costs = {c: micro(c) for c in CONFIGS}
-    ranges, ops = ranges_per_iteration(args.steps, args.warmup)
+        ci = ratio_ci([row[c]["iteration_ms"] for row in rounds], [row["off"]["iteration_ms"] for row in rounds])
+        summary[f"{c}_over_off"] = {"median": statistics.median(ratios), "ci95": ci["ci95"], "min": min(ratios),
+                                    "max": max(ratios)}
+    costs = {c: micro(c, args.ops) for c in CONFIGS}
     base_ms = statistics.median(row["off"]["iteration_ms"] for row in rounds)
     for c in ("nvtx", "trace"):
         extra_ns = (ranges * (costs[c]["range_ns"] - costs["off"]["range_ns"])
@@ -139,17 +145,17 @@ def main() -> None:
     summary["off_iteration_ms_median"] = statistics.median(row["off"]["iteration_ms"] for row in rounds)
     for key, value in summary.items():
         print(f"{key}: {value}")
-    Path(args.json).write_text(json.dumps({"summary": summary, "rounds": rounds, "argv": ["python", *sys.argv]},
-                                          indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "rounds": rounds, "argv": ["python", *sys.argv]},
+                                              indent=1) + "\n")
 
 
-def ranges_per_iteration(steps: int, warmup: int) -> tuple[float, float]:
-    """Training-thread ranges (ops excluded) and comm ops per iteration, counted in one traced run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        one_run("trace", steps, warmup, Path(tmp))
-        from commprof.profile import trace
+def ranges_per_iteration(rank0: Path, steps: int) -> tuple[float, float]:
+    """Training-thread ranges (ops excluded) and comm ops per iteration, counted in one traced run's rank 0
+    trace (the last round's)."""
+    from commprof.profile import trace
 
-        events = trace.load(Path(tmp) / "trace-trace" / "rank0.trace.json")
+    events = trace.load(rank0)
     xs = [e for e in events if e["ph"] == "X" and not str(e["tid"]).startswith("1000")]
     ops = sum(1 for e in xs if e["cat"] == "comm")
     return (len(xs) - ops) / steps, ops / steps

@@ -6,7 +6,7 @@ and commprof's MPI backend have no out-of-place broadcast) at 8 B, 1 KiB, 64 KiB
 (nccl-tests' sizes: all_gather/reduce_scatter move that much in total), out of place and in place, on 2
 ranks, each round launches, per size and in an order that rotates every round:
 
-  C          tools/mpi_loop.c (built with the venv's mpicc into build/mpi_loop) under `mpiexec -n 2`;
+  C          benchmarks/baseline/mpi_loop.c (built with the venv's mpicc into build/mpi_loop) under `mpiexec -n 2`;
   mpi4py     the bare mpi4py loop below (NumPy buffers);
   commprof   `commprof bench <all four> --backend mpi --nproc 2 -b S -e S -n N -w W -c 0 --json …`,
              its records' time_us;
@@ -32,11 +32,13 @@ move. Both show the median over rounds. Ratios and differences are commprof agai
 MPI itself costs) and against mpi4py (what Python and mpi4py cost, so commprof − mpi4py is commprof's
 own path).
 
-    python benchmarks/vs_c.py [--backend mpi|gloo|both] [--quick] [--rounds 7] [--multiple]
+    python benchmarks/vs_c.py [--quick] [--backend mpi|gloo|both] [--rounds 7] [--multiple]
                               [--sizes 8,1K,64K,1M,16M] [--json benchmarks/results/vs-c-results.json]
 
-~5 minutes at the defaults on 2 cores (commprof's own start-up is most of it); --quick: 3 rounds of a
-fifth of the iterations, ~2 minutes.
+~5 minutes at the defaults on 2 cores (commprof's own start-up is most of it); --quick: MPI's three
+columns, one round at 8 B with a fifth of the iterations, seconds, to see that it runs. Needs a C compiler
+for benchmarks/baseline/mpi_loop.c (through the venv's mpicc) when MPI is measured: without one it says so
+in one line and exits 77.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,9 +55,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILD_SCRIPT = ROOT / "tools" / "build_mpi_loop.sh"
-SOURCE = ROOT / "tools" / "mpi_loop.c"
+from common import ROOT, job, parse, parser, run_all, skip
+
+BUILD_SCRIPT = ROOT / "benchmarks" / "baseline" / "build_mpi_loop.sh"
+SOURCE = ROOT / "benchmarks" / "baseline" / "mpi_loop.c"
 BINARY = ROOT / "build" / "mpi_loop"
 NPROC = 2
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -71,6 +75,8 @@ HEADERS = {"c": "C", "mpi4py": "mpi4py", "torch": "torch.distributed", "commprof
 LAUNCH_TIMEOUT_S = 300
 METRICS = {"time_us": "mean over ranks of per-rank means: what bench reports",
            "median_us": "mean over ranks of per-rank medians: robust to preemption"}
+QUICK = {"backend": "mpi", "rounds": 1, "sizes": "8"}
+"""--quick: MPI's three columns (C, mpi4py, commprof), one round at 8 B, a fifth of the iterations."""
 
 
 def iters_for(size: int, scale: float) -> tuple[int, int]:
@@ -88,7 +94,7 @@ def parse_size(text: str) -> int:
 
 # ---- the bare loops (one rank each; started by the parent with --worker) --------------------------
 def mpi4py_case(world, coll: str, count: int, inplace: bool):
-    """The call to time for one collective and mode, as tools/mpi_loop.c and MpiComm make it."""
+    """The call to time for one collective and mode, as benchmarks/baseline/mpi_loop.c and MpiComm make it."""
     import numpy as np
     from mpi4py import MPI
 
@@ -187,11 +193,18 @@ def mpicc() -> Path:
 
 
 def build() -> Path:
-    """build/mpi_loop, rebuilt with the venv's mpicc when older than tools/mpi_loop.c."""
+    """build/mpi_loop, rebuilt with the venv's mpicc when older than benchmarks/baseline/mpi_loop.c. Without
+    mpicc, or the C compiler it calls, this benchmark cannot run here: it says so in one line and exits SKIP."""
     if BINARY.exists() and BINARY.stat().st_mtime >= SOURCE.stat().st_mtime:
         return BINARY
-    subprocess.run(["bash", str(BUILD_SCRIPT), str(BINARY)], check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "MPICC": str(mpicc())})
+    if not mpicc().exists():
+        skip("vs_c", f"no mpicc next to this Python ({mpicc()}): the mpich wheel is not installed")
+    shown = subprocess.run([str(mpicc()), "-show"], capture_output=True, text=True).stdout.split()
+    if not shown or shutil.which(shown[0]) is None:
+        skip("vs_c", f"mpicc calls {shown[0] if shown else 'a C compiler'}, which is not on PATH: "
+                     "benchmarks/baseline/mpi_loop.c cannot be built")
+    job(["bash", str(BUILD_SCRIPT), str(BINARY)], env={**os.environ, "MPICC": str(mpicc())}, timeout_s=300,
+        what="vs_c: benchmarks/baseline/build_mpi_loop.sh")
     return BINARY
 
 
@@ -200,10 +213,7 @@ def json_lines(text: str) -> list[dict]:
 
 
 def launch(command: list[str], env: dict) -> str:
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    if proc.returncode:
-        sys.exit(f"vs_c: {' '.join(command[:6])} … failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return proc.stdout
+    return job(command, env=env, timeout_s=LAUNCH_TIMEOUT_S, what=f"vs_c: {' '.join(command[:6])} …")
 
 
 def launch_torch(command: list[str], env: dict) -> str:
@@ -211,13 +221,8 @@ def launch_torch(command: list[str], env: dict) -> str:
     from commprof.backends import free_port
 
     base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(NPROC)}
-    procs = [subprocess.Popen(command, env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(NPROC)]
-    outs = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        if p.returncode:
-            sys.exit(f"vs_c: {' '.join(command[:4])} … failed ({p.returncode}):\n{err[-2000:]}")
-    return outs[0][0]
+    return run_all([(command, {**base, "RANK": str(r)}) for r in range(NPROC)], timeout_s=LAUNCH_TIMEOUT_S,
+                   what=f"vs_c: {' '.join(command[:4])} …", labels=[f"rank {r}" for r in range(NPROC)])[0]
 
 
 def run_column(backend: str, column: str, size: int, iters: int,
@@ -334,36 +339,32 @@ def environment() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("mpi", "gloo", "both"), default="both")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 7; 3 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="3 rounds of a fifth of the iterations")
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of sizes, K/M suffixes")
-    parser.add_argument("--multiple", action="store_true",
-                        help="two more MPI columns: C and mpi4py at MPI_THREAD_MULTIPLE")
-    parser.add_argument("--json", metavar="PATH", default=str(ROOT / "benchmarks" / "results" / "vs-c-results.json"),
-                        help="results file (default benchmarks/results/vs-c-results.json); '' for none")
-    parser.add_argument("--worker", choices=("mpi4py", "torch"), help=argparse.SUPPRESS)
-    parser.add_argument("-n", type=int, default=20, help=argparse.SUPPRESS)
-    parser.add_argument("-w", type=int, default=5, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p = parser(__doc__, json="vs-c-results.json")
+    p.add_argument("--backend", choices=("mpi", "gloo", "both"), default="both")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of sizes, K/M suffixes")
+    p.add_argument("--multiple", action="store_true",
+                         help="two more MPI columns: C and mpi4py at MPI_THREAD_MULTIPLE")
+    p.add_argument("--worker", choices=("mpi4py", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("-n", type=int, default=20, help=argparse.SUPPRESS)
+    p.add_argument("-w", type=int, default=5, help=argparse.SUPPRESS)
+    args = parse(p, QUICK)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.worker:
         return worker(args.worker, sizes, args.n, args.w)
-    rounds = args.rounds or (3 if args.quick else 7)
-    if rounds < 1 or not sizes:
-        parser.error("--rounds must be at least 1 and --sizes name a size")
+    if args.rounds < 1 or not sizes:
+        p.error("--rounds must be at least 1 and --sizes name a size")
     backends = {b: COLUMNS[b] + (MULTIPLE if b == "mpi" and args.multiple else ())
                 for b in (("mpi", "gloo") if args.backend == "both" else (args.backend,))}
     if "mpi" in backends:
         build()
-    rows = measure(backends, sizes, rounds, 0.2 if args.quick else 1.0)
+    rows = measure(backends, sizes, args.rounds, 0.2 if args.quick else 1.0)
     for backend, columns in backends.items():
         for metric in METRICS:
-            print_table(backend, rows, rounds, columns, metric)
+            print_table(backend, rows, args.rounds, columns, metric)
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "world_size": NPROC, "dtype": "float32", "op": "sum", "rounds": rounds, "quick": args.quick,
+            "world_size": NPROC, "dtype": "float32", "op": "sum", "rounds": args.rounds, "quick": args.quick,
             "columns": backends, "per_round": "[time_us, median_us] of each round, in order",
             "env": environment(), "results": rows}, indent=1) + "\n")
 

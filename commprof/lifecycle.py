@@ -6,10 +6,10 @@
 
 A command is a `Command`: it turns its flags into a frozen config and fills in the work one rank does and
 the report rank 0 makes of every rank's result. `commprof profile` is a `Job`, the launcher's part alone:
-its rank runs a user's script, which makes its own process group (script/rank.py). Everything else — who launches, which rank speaks, the
-watchdog and its salvage, the trace, the env block, the shutdown order — is here, once. `args` stops at
-`build_config`; below it everything reads the config. Exercised by: `pytest tests/test_bench_cli.py
-tests/test_run_cli.py tests/test_failures.py`.
+its rank runs a user's script, which makes its own process group (script/rank.py). Everything else — who
+launches, which rank speaks, the watchdog and its salvage, the trace, the env block, the shutdown order — is
+here, once. `args` stops at `build_config`; below it everything reads the config. Exercised by: `pytest
+tests/test_bench_cli.py tests/test_run_cli.py tests/test_failures.py`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from commprof.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
-        ROOT / "benchmarks" / "studies" / "README.md"]
+        ROOT / "benchmarks" / "studies" / "README.md", ROOT / "tools" / "README.md"]
 SHELL = ("", "bash", "sh", "shell", "console")
 """Fenced code blocks whose lines are shell command lines (others: python, json)."""
 

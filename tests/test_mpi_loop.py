@@ -1,4 +1,4 @@
-"""The minimal loops benchmarks/vs_c.py compares commprof with: tools/mpi_loop.c (built with the venv's
+"""The minimal loops benchmarks/vs_c.py compares commprof with: benchmarks/baseline/mpi_loop.c (built with the venv's
 mpicc), vs_c.py's bare mpi4py loop and its bare torch.distributed loop on gloo, 2 ranks, a few small sizes,
 2 iterations. Their JSON lines are well formed, their times positive, and their rows — (collective,
 bytes, mode), after rounding — exactly those `commprof bench` plans for the same sizes and backend."""
@@ -40,10 +40,11 @@ def binary(tmp_path_factory):
     if not MPICC.exists():
         pytest.skip(f"no mpicc next to this Python ({MPICC}): the mpich wheel is not installed")
     out = tmp_path_factory.mktemp("mpi_loop") / "mpi_loop"
-    proc = subprocess.run(["bash", str(ROOT / "tools" / "build_mpi_loop.sh"), str(out)],
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "baseline" / "build_mpi_loop.sh"), str(out)],
                           env={**os.environ, "MPICC": str(MPICC)}, capture_output=True, text=True)
     if proc.returncode:
-        pytest.skip(f"tools/mpi_loop.c does not build here (no C compiler for mpicc?): {proc.stderr[-500:]}")
+        pytest.skip("benchmarks/baseline/mpi_loop.c does not build here (no C compiler for mpicc?): "
+                    f"{proc.stderr[-500:]}")
     return out
 
 

@@ -4,7 +4,7 @@
  * Build with the mpicc of the MPI commprof uses (the mpich wheel's, next to the venv's python), run with
  * its mpiexec:
  *
- *     MPICC=.venv/bin/mpicc tools/build_mpi_loop.sh          # -> build/mpi_loop
+ *     MPICC=.venv/bin/mpicc benchmarks/baseline/build_mpi_loop.sh          # -> build/mpi_loop
  *     .venv/bin/mpiexec -n 2 build/mpi_loop -s 8,1K,16M -n 1000 -w 50 --thread single
  *
  * Options: -c COLL[,COLL]  all_reduce, all_gather, reduce_scatter, broadcast (default: all four)

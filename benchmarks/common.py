@@ -265,8 +265,8 @@ def timed_rounds(comm, trainers: dict, names, done: dict, *, rounds: int, steps:
 def strategy_trainer(cfg, comm, batches, micro_batches=lambda batch: [batch]):
     """A step of commprof's strategy, recording on, as commprof.run.loop.train runs it; returns
     (step, params, strategy). `micro_batches(batch)` is what train_step gets for one pre-built batch."""
-    from commprof.profile.phases import Phases
-    from commprof.profile.volume import step_volume
+    from commprof.record.phases import Phases
+    from commprof.record.volume import step_volume
     from commprof.run.loop import build
     from commprof.strategies import STRATEGIES
 

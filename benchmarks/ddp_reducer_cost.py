@@ -59,9 +59,9 @@ def worker(turns: int, warmup: int, model_name: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commprof.comm import ddp_reducer, interpose
-    from commprof.profile import hooks
-    from commprof.profile.clock import CpuClock
-    from commprof.profile.recorder import OpRecorder
+    from commprof.record import hooks
+    from commprof.record.clock import CpuClock
+    from commprof.record.recorder import OpRecorder
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

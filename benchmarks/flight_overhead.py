@@ -38,8 +38,8 @@ def worker(rounds: int, iters: int) -> None:
     from commprof.comm.mpi_comm import MpiComm
     from commprof.errors import CommprofError
     from commprof.measurement import P2P
-    from commprof.profile.annotate import ANNOTATOR
-    from commprof.profile.clock import CpuClock
+    from commprof.record.annotate import ANNOTATOR
+    from commprof.record.clock import CpuClock
 
     class Without(MpiComm):
         """The shipped `_call` without the fault hook, the seq and the ring append."""

@@ -58,8 +58,8 @@ def measure(turns: int) -> dict:
 
     from commprof.backends import free_port
     from commprof.comm import interpose
-    from commprof.profile.clock import CpuClock
-    from commprof.profile.recorder import OpRecorder
+    from commprof.record.clock import CpuClock
+    from commprof.record.recorder import OpRecorder
 
     torch.set_num_threads(1)
     port = free_port()

@@ -53,8 +53,8 @@ def worker(rounds: int, iters: int) -> None:
     from torch.distributed import distributed_c10d as c10d
 
     from commprof.comm import interpose
-    from commprof.profile.clock import CpuClock
-    from commprof.profile.recorder import OpRecorder
+    from commprof.record.clock import CpuClock
+    from commprof.record.recorder import OpRecorder
 
     if "RANK" not in os.environ:  # mpiexec's variables
         os.environ.update(RANK=os.environ["PMI_RANK"], WORLD_SIZE=os.environ["PMI_SIZE"])

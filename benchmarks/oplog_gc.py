@@ -1,5 +1,5 @@
 """Why the op log holds plain tuples: a NamedTuple entry against a plain tuple read through named index
-constants (profile/recorder.py's NAME … GROUP), side by side in one process.
+constants (record/recorder.py's NAME … GROUP), side by side in one process.
 
 Each round builds N entries shaped like `Comm._log`'s — (name, nbytes, group_size, start, end, host,
 group), all atomic with CPU stamps — both ways, the order flipping every round, and times
@@ -16,7 +16,7 @@ A `gc` figure for an empty log is printed as the floor. Medians over rounds; rat
 
 --quick: 10,000 entries, 2 rounds. Prints one line per measure: tuple, NamedTuple, the ratio of their
 medians, and the median of the per-round ratios with its 95 % CI (benchmarks/common.py's ratio_ci); --json
-writes the same. Results: profile/recorder.py's docstring.
+writes the same. Results: record/recorder.py's docstring.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One `ddp` strategy per rank (ResNet-18 on 3×32×32 synthetic images, 32 per ran
 gloo, one intra-op thread each, as `commprof run --nproc 2` gives them on 2 cores) trains on the same
 pre-built batches under two kinds of phase object, alternating R rounds of S steps each:
 
-  on    commprof.profile.phases.Phases, as `commprof run` uses it: an NVTX range per iteration and
+  on    commprof.record.phases.Phases, as `commprof run` uses it: an NVTX range per iteration and
         per phase, two clock stamps per phase, and at the end of each iteration the compute/comm
         breakdown (Phases.end) and the op volume (step_volume) from the op log;
   off   NoPhases below: begin/end do nothing, phase() hands back a nullcontext, nothing is computed.
@@ -77,8 +77,8 @@ def worker(args) -> None:
     import torch
 
     from commprof.comm import end_process, init_comm
-    from commprof.profile.phases import Phases
-    from commprof.profile.volume import step_volume
+    from commprof.record.phases import Phases
+    from commprof.record.volume import step_volume
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
     from commprof.strategies import STRATEGIES
@@ -133,8 +133,8 @@ def worker(args) -> None:
 def recording_cost_ns(recorder, step, n: int = 2000) -> float:
     """Recording's own time per iteration, without the training around it: one real step's phases and
     op log replayed n times through Phases (with end's breakdown and the volume) and through NoPhases."""
-    from commprof.profile.phases import Phases
-    from commprof.profile.volume import step_volume
+    from commprof.record.phases import Phases
+    from commprof.record.volume import step_volume
 
     recorder.clear()
     phases = Phases(recorder)

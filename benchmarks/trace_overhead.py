@@ -64,9 +64,9 @@ def worker(config: str, n: int) -> None:
     """Print ns per phase range and per instrumented sync op, for this process's configuration."""
     import time
 
-    from commprof.profile import trace
-    from commprof.profile.annotate import ANNOTATOR
-    from commprof.profile.clock import CpuClock
+    from commprof.record import trace
+    from commprof.record.annotate import ANNOTATOR
+    from commprof.record.clock import CpuClock
 
     class FakeComm:  # what the op-log hook reads of a Comm
         rank, world_size, clock, members = 0, 2, CpuClock(), [0, 1]
@@ -153,7 +153,7 @@ def main() -> None:
 def ranges_per_iteration(rank0: Path, steps: int) -> tuple[float, float]:
     """Training-thread ranges (ops excluded) and comm ops per iteration, counted in one traced run's rank 0
     trace (the last round's)."""
-    from commprof.profile import trace
+    from commprof.record import trace
 
     events = trace.load(rank0)
     xs = [e for e in events if e["ph"] == "X" and not str(e["tid"]).startswith("1000")]

@@ -5,7 +5,7 @@ on gloo, NCCL or MPI (mpi4py); `commprof run` trains with one strategy and split
 computation and communication. Every byte that crosses ranks goes through `commprof.comm`.
 
 A script run under `commprof profile` may mark its own iterations and phases: `commprof.step()`,
-`with commprof.phase("forward"): …` (commprof/profile/hooks.py).
+`with commprof.phase("forward"): …` (commprof/record/hooks.py).
 
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
@@ -15,13 +15,13 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
                                            that needs no interpreter
   report/                                  tables, atomic JSON/CSV, the env block, plots, comparisons,
                                            `commprof report`
-  profile/                                 clocks, the op log, phases, volume, NVTX, traces
+  record/                                  clocks, the op log, phases, volume, NVTX, traces
   comm/                                    the only door to the network, and how a job fails
   data/, models/                           what is trained
   parallel/                                grids, partitions, flat buffers, precision, schedules
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
   launch, lifecycle                        the launcher; the job's life cycle every command runs through
-  bench/, run/, script/, predict/          the commands: a config, one rank's work, rank 0's report;
+  bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
                                            a traced iteration replayed at N ranks
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs
 """
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 def step() -> None:
     """End an iteration here, in a script run under `commprof profile`; nothing otherwise."""
-    from commprof.profile import hooks
+    from commprof.record import hooks
 
     hooks.step()
 
@@ -39,6 +39,6 @@ def step() -> None:
 def phase(name: str):
     """`with commprof.phase("forward"):` times the block as that phase under `commprof profile`; nothing
     otherwise."""
-    from commprof.profile import hooks
+    from commprof.record import hooks
 
     return hooks.phase(name)

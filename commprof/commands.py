@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = {
     "bench": ("commprof.bench.command", "sweep collectives over sizes (nccl-tests semantics)"),
     "run": ("commprof.run.command", "profile one training strategy: compute/comm split and volume"),
-    "profile": ("commprof.script.command", "profile an unchanged torch.distributed training script"),
+    "profile": ("commprof.profile.command", "profile an unchanged torch.distributed training script"),
     "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
     "report": ("commprof.report.command", "tables and plots of saved bench, run and grid results"),
     "predict": ("commprof.predict.command", "step time at N ranks from a traced run and a fabric's α and β"),

@@ -297,7 +297,7 @@ def _salvage(folder: Path, code: int, json_path: str | None, trace_dir: str | No
 
         mark_incomplete(json_path, reason)
     if trace_dir and any(Path(trace_dir).glob("rank*.trace.json")):
-        from commprof.profile import trace
+        from commprof.record import trace
 
         try:
             trace.merge(trace_dir)

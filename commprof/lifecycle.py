@@ -6,7 +6,7 @@
 
 A command is a `Command`: it turns its flags into a frozen config and fills in the work one rank does and
 the report rank 0 makes of every rank's result. `commprof profile` is a `Job`, the launcher's part alone:
-its rank runs a user's script, which makes its own process group (script/rank.py). Everything else — who
+its rank runs a user's script, which makes its own process group (profile/rank.py). Everything else — who
 launches, which rank speaks, the watchdog and its salvage, the trace, the env block, the shutdown order — is
 here, once. `args` stops at `build_config`; below it everything reads the config. Exercised by: `pytest
 tests/test_bench_cli.py tests/test_run_cli.py tests/test_failures.py`.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from commprof.comm.watchdog import Watchdog
-    from commprof.profile.contention import Contention
+    from commprof.record.contention import Contention
 
 
 class Config(Protocol):
@@ -53,7 +53,7 @@ class Rank:
     """The job's environment block (every rank's piece merged), on rank 0; None on the others."""
     watchdog: Watchdog | None
     contention: Contention | None = None
-    """On rank 0: what else used this host's cores since the work began (profile/contention.py)."""
+    """On rank 0: what else used this host's cores since the work began (record/contention.py)."""
 
     def on_failure(self, fn: Callable[[int, str], None]) -> None:
         """Call `fn(code, message)` before a failing job ends this rank: write what was measured."""
@@ -63,7 +63,7 @@ class Rank:
 
 class Job(Protocol):
     """What the launcher needs of a command that runs on ranks: its config, how many ranks, and what one rank
-    does. `commprof profile` is a Job whose rank runs a user's script (script/rank.py)."""
+    does. `commprof profile` is a Job whose rank runs a user's script (profile/rank.py)."""
 
     huge_pages: bool
     """Large CPU buffers on huge pages in every rank (launch.launch): on for commprof's own measurements,
@@ -145,8 +145,8 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
 
     from commprof.comm import init_comm
     from commprof.comm.watchdog import Watchdog
-    from commprof.profile import trace
-    from commprof.profile.contention import Contention
+    from commprof.record import trace
+    from commprof.record.contention import Contention
     from commprof.report.env import local_env, merge_env
 
     over = world.local_world_size > have

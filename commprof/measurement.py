@@ -64,8 +64,8 @@ its group."""
 
 BUBBLE_P2P = ("send", "recv")
 """The point-to-point ops a pipeline's stages exchange activations with: time blocked in them is bubble
-(the stage idles on its neighbour), not exposed communication (profile/phases.py), and their NVTX
-category on a pipeline group is `bubble` (profile/annotate.py). sendrecv is not among them: only bench's
+(the stage idles on its neighbour), not exposed communication (record/phases.py), and their NVTX
+category on a pipeline group is `bubble` (record/annotate.py). sendrecv is not among them: only bench's
 sendrecv row and the exchange steps of hand-written algorithms use it, and that time is communication."""
 
 SOURCES = ("synthetic", "mnist", "cifar10", "cifar100", "text")

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from commprof.comm import interpose
-from commprof.profile.recorder import GROUP, NAME, NBYTES
+from commprof.record.recorder import GROUP, NAME, NBYTES
 
 N = 1024  # float32 elements per rank
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from commprof.comm import end_process, init_comm
-from commprof.profile.phases import Phases
+from commprof.record.phases import Phases
 from commprof.world import discover
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""GPU stream spans in the trace (commprof/profile/gpu_trace.py), on CPU: CUDA events cannot be made
+"""GPU stream spans in the trace (commprof/record/gpu_trace.py), on CPU: CUDA events cannot be made
 here, so HostEvent stands in for torch.cuda.Event — its "device" time is the host clock when it was
 recorded, and `query()` says False until the test lets the stream pass it. What is checked is commprof's
 own part: the anchor, the conversion to the trace's time axis, spans held back until the stream has
@@ -11,9 +11,9 @@ import pytest
 import torch
 from spawn import commprof
 
-from commprof.profile import trace
-from commprof.profile.annotate import ANNOTATOR, Range
-from commprof.profile.gpu_trace import StreamSpans
+from commprof.record import trace
+from commprof.record.annotate import ANNOTATOR, Range
+from commprof.record.gpu_trace import StreamSpans
 
 
 class HostEvent:

@@ -14,13 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
     ("errors", "world", "measurement", "stats", "backends", "flags", "job", "deadline"),
     ("report",),
-    ("profile",),
+    ("record",),
     ("comm",),
     ("data", "models"),
     ("parallel",),
     ("strategies", "kernels"),
     ("launch", "lifecycle"),
-    ("bench", "run", "script", "predict"),
+    ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own

@@ -19,8 +19,8 @@ import pytest
 from spawn import commprof, env_for_tests
 from test_trace import trace_spans
 
-from commprof.profile import trace
-from commprof.profile.annotate import COLORS
+from commprof.record import trace
+from commprof.record.annotate import COLORS
 
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None,
                                 reason="Nsight Systems is not on PATH (tools/install_nsys.sh installs it)")

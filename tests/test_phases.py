@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from spawn import spawn
 
-from commprof.profile.phases import breakdown, intersect, length, subtract, union
-from commprof.profile.volume import step_volume, volume_table, wire_factor
+from commprof.record.phases import breakdown, intersect, length, subtract, union
+from commprof.record.volume import step_volume, volume_table, wire_factor
 
 HERE = Path(__file__).parent
 

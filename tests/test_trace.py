@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from spawn import commprof, env_for_tests
 
-from commprof.profile import trace
+from commprof.record import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402

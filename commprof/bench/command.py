@@ -26,7 +26,7 @@ from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
-from commprof.profile.contention import note as contention_note
+from commprof.record.contention import note as contention_note
 from commprof.report import files
 from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
 from commprof.report.files import Outputs
@@ -183,7 +183,7 @@ class _Bench(lifecycle.Command):
         collective, rewrites the files as points arrive and returns how many values were wrong (every
         rank's, as the sweep gathers them)."""
         from commprof.bench.runner import join, layouts, plan, sweep  # torch: loaded by the ranks only
-        from commprof.profile.annotate import ANNOTATOR, MEASURED
+        from commprof.record.annotate import ANNOTATOR, MEASURED
 
         world = rank.comm
         hosts = None

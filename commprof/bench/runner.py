@@ -28,7 +28,7 @@ from commprof.bench.config import MODES, BenchConfig
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.errors import UsageError
-from commprof.profile.recorder import NAME, NBYTES
+from commprof.record.recorder import NAME, NBYTES
 from commprof.stats import bandwidths, summarize
 
 LIBRARY = kernels.LIBRARY

@@ -25,7 +25,7 @@ from commprof.comm.base import Comm, Handle
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.errors import PeerTimeoutError, UsageError
-from commprof.profile.clock import CpuClock, CudaClock
+from commprof.record.clock import CpuClock, CudaClock
 from commprof.world import World
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",

@@ -2,7 +2,7 @@
 
 Each data-plane call is, here and only here: wrapped in an NVTX range (domain `commprof`, category
 `comm` — `bubble` for a pipeline's send/recv —, message "<op> (<group>) <size> <dtype>", payload = the
-bytes; profile/annotate.py names everything), timed from issue to completion with the backend's clock,
+bytes; record/annotate.py names everything), timed from issue to completion with the backend's clock,
 and logged with its payload bytes in nccl-tests' size convention. Backends (torch.distributed, mpi4py)
 implement the `_op` methods; they never time or count anything themselves.
 
@@ -25,8 +25,8 @@ import torch
 from commprof.comm.dtypes import dtype_name
 from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 from commprof.measurement import P2P
-from commprof.profile.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
-from commprof.profile.recorder import OpRecorder
+from commprof.record.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
+from commprof.record.recorder import OpRecorder
 
 __all__ = ["Comm", "Handle", "DOMAIN"]
 
@@ -183,7 +183,7 @@ class Comm:
         return Range(ANNOTATOR.label(message, "kernel"))
 
     def _log(self, entry: tuple) -> None:
-        """Append one op log entry, fields in profile/recorder.py's NAME … GROUP order: a plain tuple,
+        """Append one op log entry, fields in record/recorder.py's NAME … GROUP order: a plain tuple,
         the cheapest append and untracked by the garbage collector (see there)."""
         self._append(entry)
         if ANNOTATOR.trace is not None:

@@ -35,8 +35,8 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
-from commprof.profile.clock import CpuClock, CudaClock
-from commprof.profile.recorder import OpRecorder
+from commprof.record.clock import CpuClock, CudaClock
+from commprof.record.recorder import OpRecorder
 
 _OPS = {c10d.ReduceOp.SUM: "sum", c10d.ReduceOp.PRODUCT: "prod", c10d.ReduceOp.MIN: "min",
         c10d.ReduceOp.MAX: "max", c10d.ReduceOp.AVG: "avg"}

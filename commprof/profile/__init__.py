@@ -1,1 +1,1 @@
-"""Clocks, op records and statistics: how commprof turns calls into numbers."""
+"""`commprof profile`: any torch.distributed training script, measured as `commprof run` measures its own."""

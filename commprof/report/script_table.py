@@ -1,6 +1,6 @@
 """Rich rendering of a `commprof profile` report: the script's iterations split per rank and across ranks
 (the same tables as `commprof run`), its volume per op and group, what ran outside every iteration, and
-what ran unseen. Rendering only: it reads the document commprof/script/results.py made.
+what ran unseen. Rendering only: it reads the document commprof/profile/results.py made.
 Exercised by: `pytest tests/test_profile_cli.py`.
 """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from commprof.models.calibrated import calibrated_chain
-from commprof.profile.phases import Phases
+from commprof.record.phases import Phases
 from commprof.run.config import RunConfig
 from commprof.strategies import STRATEGIES
 

@@ -214,7 +214,7 @@ class _Run(lifecycle.Command):
 
     @staticmethod
     def report(cfg: RunConfig, rank: Rank, results: list) -> int:
-        from commprof.profile.contention import note
+        from commprof.record.contention import note
         from commprof.report.run_table import run_tables
         from commprof.run.results import combine
 

@@ -16,11 +16,11 @@ from torch.utils.checkpoint import checkpoint
 from commprof.data import global_indices, open_source, steps_per_epoch
 from commprof.errors import UsageError
 from commprof.models import build_model, count_parameters
-from commprof.profile.annotate import ANNOTATOR, MEASURED
-from commprof.profile.clock import CpuClock, CudaClock
-from commprof.profile.phases import Phases
-from commprof.profile.recorder import OpRecorder
-from commprof.profile.volume import step_volume
+from commprof.record.annotate import ANNOTATOR, MEASURED
+from commprof.record.clock import CpuClock, CudaClock
+from commprof.record.phases import Phases
+from commprof.record.recorder import OpRecorder
+from commprof.record.volume import step_volume
 from commprof.run import kineto
 from commprof.run.config import RunConfig
 from commprof.strategies import STRATEGIES

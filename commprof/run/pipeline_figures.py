@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from commprof.profile.volume import op_key
+from commprof.record.volume import op_key
 
 
 def _sent(result: dict, label: str) -> float:

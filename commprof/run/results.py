@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from commprof.profile.volume import volume_table
+from commprof.record.volume import volume_table
 from commprof.run.pipeline_figures import pipeline_section
 
 FIGURES = ("wall_ms", "data_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_ms", "bubble_ms")

@@ -144,7 +144,7 @@ class Strategy:
         return self.config.grad_accum
 
     def group_sizes(self) -> dict[str, int]:
-        """Ranks per group label of the ops this strategy issues (see commprof.profile.volume)."""
+        """Ranks per group label of the ops this strategy issues (see commprof.record.volume)."""
         return {"world": self.world_size}
 
     def coords(self) -> dict[str, int]:

@@ -9,7 +9,7 @@ torch's code makes through `torch.distributed` — FSDP2's all-gathers and reduc
 broadcasts, and DDP's buckets through its reducer's own process group (commprof/comm/ddp_reducer.py) —
 lands in the same op log, timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end
 of backward, in C++: the backward phase ends where autograd did and the rest is exposed comm
-(profile/hooks.py, split_backward).
+(record/hooks.py, split_backward).
 
 `torch-ddp`: --bucket-mb is DDP's bucket_cap_mb; gradient accumulation uses `no_sync`; buffers are
 broadcast from rank 0 every forward, as DDP does by default (predicted with the gradients). `torch-fsdp`:
@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from commprof.comm import ddp_reducer, interpose
 from commprof.parallel.sizes import tensor_bytes
-from commprof.profile.hooks import split_backward
+from commprof.record.hooks import split_backward
 from commprof.strategies.base import Strategy, trainable
 
 

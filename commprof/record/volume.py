@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from commprof.measurement import wire_factor
-from commprof.profile.recorder import GROUP, GROUP_SIZE, NAME, NBYTES
+from commprof.record.recorder import GROUP, GROUP_SIZE, NAME, NBYTES
 
 
 def op_key(name: str, group: str) -> str:

@@ -9,7 +9,7 @@ group, tables, JSON, Chrome trace and NVTX.
 The script runs as `python train.py` would (its own arguments, output and exit code; `__main__`), and
 initialises its process group itself (`init_process_group()` with env:// works under every launcher:
 commprof fills in the rendezvous). What is seen and what is not: commprof/comm/interpose.py and
-commprof/comm/ddp_reducer.py; how iterations and phases are found: commprof/profile/hooks.py.
+commprof/comm/ddp_reducer.py; how iterations and phases are found: commprof/record/hooks.py.
 Exercised by: `pytest tests/test_profile_cli.py`.
 """
 
@@ -92,7 +92,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
 
 class _Profile:
     """profile's part of the job's life cycle (commprof/lifecycle.py): the launcher's, as bench's and run's;
-    a rank runs the script (script/rank.py), which makes its own process group."""
+    a rank runs the script (profile/rank.py), which makes its own process group."""
 
     build_config = staticmethod(build_config)
     huge_pages = False
@@ -104,7 +104,7 @@ class _Profile:
         pass  # the script decides what it can run on
 
     def run_rank(self, cfg: ProfileConfig, world: World, slots: int) -> int:
-        from commprof.script.rank import run_rank
+        from commprof.profile.rank import run_rank
 
         return run_rank(cfg, world)
 

@@ -2,7 +2,7 @@
 where the device's stream executed them, on the trace's (host) time axis.
 
 Each NVTX range gets a CUDA event recorded on the current stream at its push and at its pop; ops
-already carry theirs (the CUDA clock's stamps, commprof/profile/clock.py). Device times become host
+already carry theirs (the CUDA clock's stamps, commprof/record/clock.py). Device times become host
 times through one anchor taken when the trace starts: with the device idle, host stamps t0 and t1
 bracket the recording of one event, so it happened at (t0 + t1)/2 ± (t1 − t0)/2 on the host clock,
 and every later event is the anchor plus `elapsed_time`. Events are read only once the stream has

@@ -32,10 +32,10 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim
 
-from commprof.profile.annotate import ANNOTATOR, MEASURED, phase_category
-from commprof.profile.phases import Phases
-from commprof.profile.recorder import END, HOST, START
-from commprof.profile.volume import step_volume
+from commprof.record.annotate import ANNOTATOR, MEASURED, phase_category
+from commprof.record.phases import Phases
+from commprof.record.recorder import END, HOST, START
+from commprof.record.volume import step_volume
 
 MS = 1e-6
 

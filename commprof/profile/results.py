@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from commprof.profile.volume import volume_table
+from commprof.record.volume import volume_table
 from commprof.run.results import mean_volume, time_row, time_summary
 
 

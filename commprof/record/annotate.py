@@ -104,7 +104,7 @@ class Annotator:
 
     @property
     def trace(self):
-        """A commprof.profile.trace.TraceRecorder while --trace is on, else None."""
+        """A commprof.record.trace.TraceRecorder while --trace is on, else None."""
         return self._trace
 
     @trace.setter

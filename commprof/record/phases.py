@@ -2,7 +2,7 @@
 
 A strategy wraps each phase of an iteration in `phases.phase("forward")` (also "data", "backward", "step", …);
 every phase is an NVTX range (domain `commprof`, category `compute`, `optimizer` for the step, `data` for the
-input pipeline; profile/annotate.py) and a pair of clock stamps. The comm spans come from the Comm op log
+input pipeline; record/annotate.py) and a pair of clock stamps. The comm spans come from the Comm op log
 (issue → completion, one place), and the blocked spans from it too: a synchronous op blocks the training
 thread for its whole duration, an async op only inside `Handle.wait()`.
 
@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from commprof.measurement import BUBBLE_P2P
-from commprof.profile.annotate import ANNOTATOR, phase_category
-from commprof.profile.recorder import END, GROUP, HOST, NAME, START, restamped
+from commprof.record.annotate import ANNOTATOR, phase_category
+from commprof.record.recorder import END, GROUP, HOST, NAME, START, restamped
 
 COMPUTE = ("forward", "backward", "step", "recompute", "schedule")
 """Phases whose time is computation; "data" is timed and reported on its own. "schedule" is a library's

@@ -2,7 +2,7 @@
 of every rank. They open in Perfetto (ui.perfetto.dev) and chrome://tracing.
 
 Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clock:
-  thread "training"      every range commprof pushes to NVTX (profile/annotate.py), same names, same
+  thread "training"      every range commprof pushes to NVTX (record/annotate.py), same names, same
                          nesting, stamps taken inside the NVTX range — one span per NVTX range
   thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight); the
                          thread's metadata names the group's members (global ranks): `commprof predict`
@@ -11,7 +11,7 @@ Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clo
   flows                  arrows joining the same collective (same group, op and sequence number) on
                          every rank, in group-rank order
   threads "stream: …"    on CUDA, the same ranges and ops as the device's stream ran them
-                         (profile/gpu_trace.py); the comm ops and flows are there, not on "comm (…)"
+                         (record/gpu_trace.py); the comm ops and flows are there, not on "comm (…)"
 The file is a JSON array written as events happen — "[", then one event per line followed by "," (the Horovod
 timeline's way); a run killed part-way leaves a file the Trace Event format allows (no closing "]"; Chrome's
 DevTools panel still refuses it, so `merge` below), and SIGTERM closes it ("]"). `load(path)` reads either.
@@ -30,9 +30,9 @@ import zlib
 from pathlib import Path
 
 from commprof.measurement import COLLECTIVES, P2P
-from commprof.profile.annotate import ANNOTATOR
-from commprof.profile.gpu_trace import StreamSpans
-from commprof.profile.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
+from commprof.record.annotate import ANNOTATOR
+from commprof.record.gpu_trace import StreamSpans
+from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
 
 FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
 """Ops whose spans on every member of their group are joined by flow arrows: the collectives."""

@@ -34,13 +34,13 @@ from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import CommprofError, ScriptError, UsageError
-from commprof.profile import hooks, trace
-from commprof.profile.clock import CpuClock
-from commprof.profile.recorder import OpRecorder
-from commprof.profile.volume import step_volume
+from commprof.profile import ending
+from commprof.record import hooks, trace
+from commprof.record.clock import CpuClock
+from commprof.record.recorder import OpRecorder
+from commprof.record.volume import step_volume
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
-from commprof.script import ending
 from commprof.world import World, usable_cores
 
 
@@ -196,7 +196,7 @@ class Session:
         before every rank's figures can be gathered."""
         if self.world.rank != 0:
             return
-        from commprof.script.results import partial
+        from commprof.profile.results import partial
 
         t = self.tracker
         mine = self._result(list(t.iterations), list(t.volumes))
@@ -249,7 +249,7 @@ class Session:
             watchdog.__exit__(None, None, None)
 
     def report(self, results: list[dict], env: dict) -> None:
-        from commprof.script.results import combine
+        from commprof.profile.results import combine
 
         doc = combine(self.cfg, results, env)
         self._print(doc)

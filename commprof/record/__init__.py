@@ -1,0 +1,1 @@
+"""Clocks, op records and statistics: how commprof turns calls into numbers."""

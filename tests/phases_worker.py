@@ -88,7 +88,8 @@ def main() -> None:
                 before_wait = time.perf_counter_ns()
                 handle.wait()
                 # comm − exposed is the time from the op's issue to the wait's start: bracketed by these
-                gaps = {"issue_to_wait_min_ms": (before_wait - after_issue) / MS,
+                gaps = {"issued_ms": (after_issue - began) / MS,
+                        "issue_to_wait_min_ms": (before_wait - after_issue) / MS,
                         "issue_to_wait_max_ms": (before_wait - before_issue) / MS,
                         "wake_late_ms": wake_late(compute_ms, join_ms)}
             else:

@@ -1,6 +1,8 @@
 """The job folder: what the ranks of one `commprof --nproc N` launch share besides the network.
 
-The launcher makes a private folder and names it in COMMPROF_JOB_DIR. In it:
+The launcher makes a private folder (`make`) and names it in COMMPROF_JOB_DIR. In it:
+  launcher.pid    the launcher's pid: the launcher removes the folder at its end, and a launcher that could not
+                  (killed by SIGKILL) leaves it to the next one, which removes every folder whose launcher is gone
   rank<r>.pid     each rank's pid, written when it starts (the launcher stops every one of them at the end,
                   even one that mpiexec lost track of, e.g. a stopped process)
   failure.json    the job's failure — exit code, one line, who saw it — created once, by whoever saw a
@@ -19,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,9 +30,25 @@ from commprof.errors import PeerTimeoutError
 
 ENV = "COMMPROF_JOB_DIR"
 FAILURE = "failure.json"
+LAUNCHER = "launcher.pid"
+PREFIX = "commprof-job-"
 LAUNCHER_FIRST_S = 0.5
 """How long a rank that lost a peer waits before it claims the job's failure: commprof's launcher, which sees
 how the peer ended (a signal, a stop), names it better than the rank can."""
+
+
+def make() -> Path:
+    """A new job folder in the temp dir, after removing the folders of launchers that are gone."""
+    for stale in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            os.kill(int((stale / LAUNCHER).read_text()), 0)
+        except ProcessLookupError:  # its launcher is gone
+            shutil.rmtree(stale, ignore_errors=True)
+        except (OSError, ValueError):  # not ours, being made, or from before launchers wrote their pid
+            continue
+    made = Path(tempfile.mkdtemp(prefix=PREFIX))
+    (made / LAUNCHER).write_text(f"{os.getpid()}\n")
+    return made
 
 
 def folder() -> Path | None:

@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,7 +62,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     # script: it changes its compute (ResNet-18 steps 3.5% slower here, benchmarks/ddp_profiled.py).
     if huge_pages:
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    folder = Path(tempfile.mkdtemp(prefix="commprof-job-"))
+    folder = job.make()
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]
     wrapper = os.environ.get("COMMPROF_RANK_WRAPPER", "")

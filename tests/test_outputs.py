@@ -5,10 +5,12 @@ flags naming one file: exit 2, one line, nothing launched and no job folder left
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from spawn import env_for_tests
@@ -101,3 +103,31 @@ def test_an_existing_file_keeps_its_mode(tmp_path):
     path.chmod(0o604)
     write_atomic(path, "[]\n")
     assert path.read_text() == "[]\n" and stat.S_IMODE(os.stat(path).st_mode) == 0o604
+
+
+def test_a_killed_launchers_job_folder_goes_with_the_next_launch(tmp_path):
+    """A launcher killed by SIGKILL cannot remove its job folder: the next launch removes every folder whose
+    launcher is gone, and leaves a live launcher's and one it cannot tell about."""
+    long = ["bench", "all_reduce", "-b", "8", "-e", "8", "-n", "1000000", "-w", "0", "--nproc", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", *long], env=env_for_tests(TMPDIR=str(tmp_path)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(len(list(tmp_path.glob(f"{f}/rank*.pid"))) == 2 for f in job_folders(tmp_path)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never checked in"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: its finally never runs
+        proc.wait()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its ranks
+        except ProcessLookupError:
+            pass
+    (stale,) = job_folders(tmp_path)
+    live, unknown = tmp_path / "commprof-job-live", tmp_path / "commprof-job-old"
+    live.mkdir()
+    (live / "launcher.pid").write_text(f"{os.getpid()}\n")
+    unknown.mkdir()
+    proc = run(*TINY, "--nproc", "2", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert job_folders(tmp_path) == ["commprof-job-live", "commprof-job-old"], stale

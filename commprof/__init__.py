@@ -20,7 +20,8 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   data/, models/                           what is trained
   parallel/                                grids, partitions, flat buffers, precision, schedules
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
-  launch, lifecycle                        the launcher; the job's life cycle every command runs through
+  netns, launch, lifecycle                 a local MPI job's own network; the launcher; the job's life
+                                           cycle every command runs through
   bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
                                            a traced iteration replayed at N ranks
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs

@@ -3,7 +3,8 @@ nor mpiexec — and end the job with one line and one exit code, whatever happen
 
 gloo/nccl: N child processes with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, …) and a
 rendezvous on 127.0.0.1 at a free port. mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
-the system's). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
+the system's); Hydra, which listens on every interface, in a network namespace of loopback alone
+(commprof/netns.py). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
 recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by
 a signal is named ("rank 1 was killed by SIGKILL") and the job exits 3. Once a failure is known the other
 ranks get GRACE_S to finish theirs, then every rank still alive is stopped, mpiexec's or not; a rank that
@@ -105,13 +106,18 @@ def find_mpiexec() -> str:
 def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, folder: Path,
              timeout_s: float) -> int:
     mpiexec = find_mpiexec()
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
     flags = []
     if oversubscribed:
         env.update({k: env.get(k, v) for k, v in YIELD_ENV.items()})
-        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
         if "Open MPI" in version or "OpenRTE" in version:
             flags.append("--oversubscribe")
-    proc = subprocess.Popen([mpiexec, "-n", str(nproc), *flags, *command], env=env, stdout=subprocess.PIPE)
+    private = []
+    if "HYDRA" in version:  # its control port listens on every interface: the job gets a network of its own
+        private = [sys.executable, "-m", "commprof.netns"]
+        flags += ["-iface", "lo"]
+    proc = subprocess.Popen([*private, mpiexec, "-n", str(nproc), *flags, *command], env=env,
+                            stdout=subprocess.PIPE)
     banners: list[tuple[int, int]] = []
     relay = threading.Thread(target=_relay, args=(proc.stdout, banners), daemon=True)
     relay.start()

@@ -19,7 +19,7 @@ LAYERS = (
     ("data", "models"),
     ("parallel",),
     ("strategies", "kernels"),
-    ("launch", "lifecycle"),
+    ("netns", "launch", "lifecycle"),
     ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )

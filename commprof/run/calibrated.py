@@ -15,7 +15,7 @@ import torch
 from commprof.models.calibrated import calibrated_chain
 from commprof.record.phases import Phases
 from commprof.run.config import RunConfig
-from commprof.strategies import STRATEGIES
+from commprof.strategies import CATALOG
 
 
 def calibrated_bubble(comm, schedule: str, *, micro_batches: int, fwd_ms: float, bwd_ms: float,
@@ -25,7 +25,7 @@ def calibrated_bubble(comm, schedule: str, *, micro_batches: int, fwd_ms: float,
     spec = calibrated_chain(p, fwd_ms=fwd_ms, bwd_ms=bwd_ms)
     cfg = RunConfig(strategy=schedule, model="(calibrated)", backend=comm.backend, micro_batches=m,
                     cuts=tuple(range(1, p)), batch_size=m, lr=0.0)
-    strategy = STRATEGIES[schedule](spec=spec, comm=comm, config=cfg)
+    strategy = CATALOG[schedule].load()(spec=spec, comm=comm, config=cfg)
     phases = Phases(comm.recorder, comm.recorder.clock)
     x, y = torch.ones(m, 2), torch.zeros(m, dtype=torch.long)
     out = []

@@ -14,7 +14,7 @@ from commprof.report.files import Outputs
 @dataclass(frozen=True)
 class RunConfig:
     strategy: str
-    """Key of commprof.strategies.STRATEGIES (`commprof run --help` lists them): commprof's own, built on Comm
+    """Key of commprof.strategies.CATALOG (`commprof run --help` lists them): commprof's own, built on Comm
     (single, naive-dp, ddp, zero1, zero2, fsdp, mpi-dp, pipeline-gpipe, pipeline-1f1b, tensor), and PyTorch's,
     profiled as they are (torch-ddp, torch-fsdp, torch-pipeline-gpipe, torch-pipeline-1f1b)."""
     model: str

@@ -23,7 +23,7 @@ from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
 from commprof.run import kineto
 from commprof.run.config import RunConfig
-from commprof.strategies import STRATEGIES
+from commprof.strategies import CATALOG
 
 MS = 1e-6
 
@@ -72,7 +72,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
     # counted before a tensor-parallel strategy replaces layers by this rank's slices
     parameters = count_parameters(spec.module, trainable_only=False)
     trainable_parameters = count_parameters(spec.module, trainable_only=True)
-    strategy = STRATEGIES[cfg.strategy](spec=spec, comm=comm, config=cfg)
+    strategy = CATALOG[cfg.strategy].load()(spec=spec, comm=comm, config=cfg)
     rank, k = strategy.data_rank, strategy.data_ranks  # model-parallel ranks share a shard
     clock = CudaClock() if device.type == "cuda" else CpuClock()
     recorder = comm.recorder if comm is not None else OpRecorder(clock)

@@ -29,8 +29,8 @@ them (the rendezvous then times out at once)."""
 
 
 def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout: str = "") -> None:
-    """--backend, --nproc, --timeout, --json, --trace and --debug-dump, as every command that starts ranks
-    takes them. `nproc`: what --nproc defaults to; `json`: what --json holds; `timeout`: a word on
+    """--backend, --nproc, --timeout, --json, --trace, --debug-dump and --huge-pages, as every command that
+    starts ranks takes them. `nproc`: what --nproc defaults to; `json`: what --json holds; `timeout`: a word on
     --timeout of the command's own."""
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: ranks started "
                                                        "by mpiexec")
@@ -41,6 +41,10 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--debug-dump", metavar="DIR",
                    help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
+    p.add_argument("--huge-pages", action="store_true",
+                   help="torch's large CPU buffers on transparent huge pages (THP_MEM_ALLOC_ENABLE=1), as a tuned "
+                        "job sets it (default: the allocator as the environment has it; the JSON's env.allocator "
+                        "says which)")
 
 
 def check_job_flags(args: argparse.Namespace) -> None:

@@ -47,10 +47,10 @@ def _on_term(signum, frame):
 
 
 def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, timeout_s: float,
-           json_path: str | None = None, trace_dir: str | None = None, huge_pages: bool = True) -> int:
+           json_path: str | None = None, trace_dir: str | None = None, huge_pages: bool = False) -> int:
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code. `timeout_s`: how long a
-    rank may stay stopped. `huge_pages` False leaves torch's CPU allocator as the environment has it
-    (`profile`: the script runs as its user runs it)."""
+    rank may stay stopped. `huge_pages` (--huge-pages) puts torch's large CPU buffers on huge pages; without
+    it the ranks' allocator is the environment's, as the user's own job would have it."""
     signal.signal(signal.SIGTERM, _on_term)
     # Ctrl-C (SIGINT) ends the job even where the shell started commprof with SIGINT ignored (`cmd &` in
     # a script does): the launcher owns the job's signals, as torchrun's agent does.
@@ -58,11 +58,11 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     env = dict(os.environ)
     # One rank per core gets one intra-op thread per core it owns, as torchrun does by default.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // nproc)))
-    # Large CPU buffers on huge pages, as NumPy gets them: otherwise a 16 MiB MPI op on a torch
-    # buffer measures TLB misses (4.5-5 ms against 2.8-3.2 ms here), not the transport. Not for a user's
-    # script: it changes its compute (ResNet-18 steps 3.5% slower here, benchmarks/ddp_profiled.py).
+    # Asked for only: it changes what is measured both ways (a 16 MiB MPI op on a torch buffer 2.8-3.2 ms
+    # with it against 4.5-5 ms of TLB misses without; ResNet-18 steps 3.5 % slower with it), and a user's
+    # training job has it only where its launcher sets it.
     if huge_pages:
-        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     folder = job.make()
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]

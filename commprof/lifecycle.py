@@ -15,6 +15,7 @@ tests/test_bench_cli.py tests/test_run_cli.py tests/test_failures.py`.
 from __future__ import annotations
 
 import argparse
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -38,6 +39,8 @@ class Config(Protocol):
     backend: str
     nproc: int | None
     timeout_s: float
+    huge_pages: bool
+    """--huge-pages: THP_MEM_ALLOC_ENABLE=1 in every rank, before torch allocates."""
     out: Outputs
 
 
@@ -65,10 +68,6 @@ class Job(Protocol):
     """What the launcher needs of a command that runs on ranks: its config, how many ranks, and what one rank
     does. `commprof profile` is a Job whose rank runs a user's script (profile/rank.py)."""
 
-    huge_pages: bool
-    """Large CPU buffers on huge pages in every rank (launch.launch): on for commprof's own measurements,
-    off for a user's script, whose compute it would change."""
-
     def build_config(self, args: argparse.Namespace) -> Config:
         """Every flag checked that can be without the world size; raises UsageError."""
 
@@ -86,8 +85,6 @@ class Job(Protocol):
 class Command(Job, Protocol):
     """A Job whose rank this module runs: the command fills in the work one rank does and the report rank 0
     makes of every rank's result (bench, run, which subclass it for these two)."""
-
-    huge_pages = True
 
     def run_rank(self, cfg: Config, world: World, slots: int) -> int:
         return run_rank(self, cfg, world, slots)
@@ -125,13 +122,22 @@ def main(command: Job, args: argparse.Namespace) -> int:
         cfg = command.build_config(args)
         cfg.out.check()
         command.check_world(cfg, world.world_size)
+        _huge_pages(cfg)
         return command.run_rank(cfg, world, slots(cfg.backend))
     cfg, nproc, have = _plan(command, args)
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
                              timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
-                             huge_pages=command.huge_pages)
+                             huge_pages=cfg.huge_pages)
+    _huge_pages(cfg)
     return command.run_rank(cfg, world, have)
+
+
+def _huge_pages(cfg: Config) -> None:
+    """--huge-pages in this process, a rank: torch reads the variable at its first large CPU allocation,
+    which comes later."""
+    if cfg.huge_pages:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
 
 
 def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:

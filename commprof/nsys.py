@@ -10,7 +10,9 @@ front of each rank's command (COMMPROF_RANK_WRAPPER); under torchrun/mpiexec/sru
 NVTX ranges already name every MPI call, and Nsight Systems 2023.4's MPI interposer crashed MPICH 5
 ranks, so `mpi` is opt-in: --trace cuda,nvtx,osrt,mpi). Capture: only the measured part — the NVTX
 range `measured` in domain `commprof` (the iterations after --warmup for `run`, the whole sweep for
-`bench`). Exercised by: `pytest tests/test_nsys.py` (with the real nsys: tools/install_nsys.sh).
+`bench`). Beside each thread's push/pop ranges, every op is an in-flight range from issue to completion on
+its group's own row, domain `commprof comm (<group>)` (`nvtx_sum` style StartEnd). Exercised by:
+`pytest tests/test_nsys.py` (with the real nsys: tools/install_nsys.sh).
 """
 
 from __future__ import annotations

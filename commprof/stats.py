@@ -1,6 +1,7 @@
 """Statistics over per-rank, per-iteration op times, and nccl-tests' bandwidths.
 
-time_us (the reported time) = agg over ranks of each rank's mean over iterations, agg = avg|min|max (-a).
+time_us (the reported time) = agg over ranks of each rank's mean over iterations, agg = avg|min|max (-a),
+or rank0: the first rank's own (nccl-tests' -a 0).
 p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
 Exercised by: `pytest tests/test_units_stats.py -k summarize`.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-AGGS = {"avg": np.mean, "min": np.min, "max": np.max}
+AGGS = {"avg": np.mean, "min": np.min, "max": np.max, "rank0": lambda a, axis=None: a[0]}
 
 
 def summarize(times_ns: list[list[int]], agg: str = "avg") -> dict:

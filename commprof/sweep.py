@@ -5,6 +5,10 @@ combination, one after another, and merges what they measured.
                  --json grid.json --csv grid.csv --plot plots/
     commprof bench all_reduce --nproc 1,2 -e 1M --json scaling.json --plot plots/
 
+The grid's CSV has one column per grid flag (`strategy`, `nproc`, …) holding each row's value, then the
+figures: a run grid's row per combination, a bench grid's row per result. Every file written is said on
+stderr, one line each (`json: grid.json`, `csv: grid.csv`, `plot: plots/run-loss.png`).
+
 Every combination is checked before any starts: a flag value with which no combination can run (an
 unknown strategy, `--nproc 0`) is an error; a combination that cannot run (`single` on 2 ranks, `fsdp` on
 1) is listed once and skipped. A combination that fails while running is recorded with its one-line
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.files import SCRATCH_ENV, said, write_csv
 
 GRID_FLAGS = {
     "bench": ("--nproc",),
@@ -35,6 +40,30 @@ GRID_FLAGS = {
 """Flags that take a comma list, per command; the grid is their cartesian product, in this order."""
 OUTPUTS = ("--json", "--csv", "--plot", "--trace", "--link-rate")
 """Flags the grid writes itself (per combination: --trace into DIR/<combination>), or draws with."""
+SHORT_OUTPUTS = {"bench": {"-F": "--csv", "-J": "--json", "--output_file": "--json"}}
+"""nccl-tests' spellings of OUTPUTS (commprof/bench/nccl_flags.py), per command."""
+
+
+def long_forms(command: str, argv: list[str]) -> list[str]:
+    """argv with nccl-tests' spellings of the output flags (`-F out.csv`, `-Fout.csv`, `-J x.json`) as
+    OUTPUTS' own (`--csv=out.csv`), so that the grid finds and writes them."""
+    short, out, i = SHORT_OUTPUTS.get(command, {}), [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        flag = next((f for f in short if token == f or token.startswith(f + "=")
+                     or (len(f) == 2 and token.startswith(f))), None)
+        if flag is None:
+            out.append(token)
+            i += 1
+        elif token == flag:
+            out.append(f"{short[flag]}={argv[i + 1]}" if i + 1 < len(argv) else token)
+            i += 2
+        else:
+            out.append(f"{short[flag]}={token[len(flag):].removeprefix('=')}")
+            i += 1
+    return out
 
 
 def _flag_value(argv: list[str], i: int) -> tuple[str, str | None, int]:
@@ -65,6 +94,7 @@ def grid_flags(command: str, argv: list[str]) -> dict[str, list[str]]:
 def wanted(command: str, argv: list[str]) -> bool:
     """True when `commprof <command> <argv>` is for this module: a grid, or --plot (which needs the
     job's --json after it ends, so a single job runs as a grid of one)."""
+    argv = long_forms(command, argv)
     head = argv[:argv.index("--")] if "--" in argv else argv
     return bool(grid_flags(command, argv)) or any(a.split("=", 1)[0] == "--plot" for a in head)
 
@@ -141,6 +171,7 @@ def plan(command: str, argv: list[str]) -> Plan:
     if world.discover().launched:
         raise UsageError("a grid (comma lists in " + ", ".join(GRID_FLAGS[command]) + ") starts its own ranks: "
                          "run it without torchrun, mpiexec or srun")
+    argv = long_forms(command, argv)
     grid = grid_flags(command, argv)
     base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
     from commprof.report.files import check_outputs
@@ -170,12 +201,37 @@ def main(request: tuple[str, list[str]]) -> int:
         doc["results"] = [rec for run in runs if run["result"] for rec in run["result"]["results"]]
     from commprof.report import compare
 
-    compare.render(doc, json_path=outputs.get("--json"), csv_path=outputs.get("--csv"),
-                   plot_dir=outputs.get("--plot"), link_GBps=link)
+    drawn = compare.render(doc, json_path=outputs.get("--json"), plot_dir=outputs.get("--plot"), link_GBps=link)
+    if outputs.get("--csv"):
+        write_csv(outputs["--csv"], csv_rows(doc), columns=csv_columns(doc))
+    for path in drawn:
+        said("plot", path)
     failed = [r for r in runs if r["error"]]
     for r in failed:
         err.print(f"failed: {r['label']}: {r['error']}", highlight=False)
     return 1 if failed else 0
+
+
+def csv_rows(doc: dict) -> list[dict]:
+    """The grid CSV's rows: each run's (run grid) or each result's (bench grid), with each grid flag's value
+    in a column of its own."""
+    from commprof.report.compare import run_rows
+
+    def axes(run: dict) -> dict:
+        return {flag.lstrip("-"): value for flag, value in run["config"].items()}
+
+    if doc["command"] == "run":
+        return [{**axes(run), **row} for run, row in zip(doc["runs"], run_rows(doc["runs"]))]
+    return [{**axes(run), **rec} for run in doc["runs"] if run["result"] for rec in run["result"]["results"]]
+
+
+def csv_columns(doc: dict) -> tuple[str, ...]:
+    """One column per grid flag, then the figures (a run's without the label the axes replace)."""
+    from commprof.report.compare import RUN_COLUMNS
+    from commprof.report.files import CSV_COLUMNS
+
+    figures = RUN_COLUMNS[1:] if doc["command"] == "run" else CSV_COLUMNS
+    return tuple(flag.lstrip("-") for flag in doc["grid"]) + tuple(figures)
 
 
 def _link_rate(command: str, outputs: dict) -> float | None:
@@ -195,15 +251,19 @@ def _single(command: str, base: list[str], outputs: dict, link: float | None) ->
     with tempfile.TemporaryDirectory(prefix="commprof-plot-") as tmp:
         path = outputs.get("--json") or str(Path(tmp) / "result.json")
         extra = [arg for flag in ("--csv", "--trace") if outputs.get(flag) for arg in (flag, outputs[flag])]
+        env = os.environ if outputs.get("--json") else {**os.environ, SCRATCH_ENV: path}
         code = subprocess.run([sys.executable, "-m", "commprof", command, *base, *extra, "--json", path],
-                              stdin=subprocess.DEVNULL).returncode
+                              stdin=subprocess.DEVNULL, env=env).returncode
         doc = _result(Path(path))
         if code or doc is None:
             return code or 1
         if command == "bench":
-            plots.bench_plots(doc["results"], outputs["--plot"], link_GBps=link)
+            drawn = plots.bench_plots(doc["results"], outputs["--plot"], link_GBps=link)
         else:
-            plots.run_plots([{"label": doc["config"]["strategy"], "config": {}, "result": doc}], outputs["--plot"])
+            drawn = plots.run_plots([{"label": doc["config"]["strategy"], "config": {}, "result": doc}],
+                                    outputs["--plot"])
+    for png in drawn:
+        said("plot", png)
     return 0
 
 
@@ -236,13 +296,17 @@ def _run_all(command: str, base: list[str], combos: list[dict], trace: str | Non
                                   env={**os.environ, "COLUMNS": "200"})
             result, error = _result(path), None
             if proc.returncode:
-                lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+                lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(SAID)]
                 error = (lines[-1] if lines else f"exit {proc.returncode}").removeprefix("commprof: error: ")
                 result = None
             runs.append({"label": name, "config": combo, "exit_code": proc.returncode, "error": error,
                          "seconds": time.monotonic() - started, "result": result})
             bar.advance(task)
     return runs
+
+
+SAID = ("json: ", "csv: ", "plot: ", "trace: ")
+"""How a job's lines naming its files begin: never its error."""
 
 
 def _result(path: Path) -> dict | None:

@@ -48,7 +48,7 @@ def test_first_k_ranks_of_a_four_rank_launch(tmp_path):
     assert "across rank counts" in proc.stdout and "2 ranks time (us)" in proc.stdout
     assert "all_reduce · gloo · 2 ranks of 4" in proc.stdout
     # who ran what: ranks 2 and 3 never touched the group of the first two, rank 1 did
-    ran = {(e["pid"], e["name"].split(" (")[1].split(")")[0]) for e in _events(trace)
+    ran = {(e["pid"] - 1, e["name"].split(" (")[1].split(")")[0]) for e in _events(trace)  # rank r: pid r + 1
            if e["name"].startswith(("all_reduce (", "all_gather (", "broadcast ("))}
     assert {(0, "ranks0-1"), (1, "ranks0-1"), (3, "world")} <= ran
     assert not {(2, "ranks0-1"), (3, "ranks0-1"), (1, "rank0")} & ran

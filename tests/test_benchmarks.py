@@ -39,6 +39,8 @@ PROMISES: dict[str, list[tuple]] = {
     "gloo_layers": [("torch_us",), ("arms", "comm", "minus_torch_us"), ("arms", "comm", "minus_torch_ci95_us")],
     "gloo_paired": [("results", 0, "commprof_paired"), ("results", 0, "per_rank", 0, "commprof_paired_ci95")],
     "interpose_overhead": [(0, "extra_us"), (0, "turn_interposed_extra_ci_us"), (1, "extra_us")],
+    "nvtx_in_flight_overhead": [("rows", 0, "extra_us"), ("rows", 0, "extra_ci95_us"), ("rows", 1, "ratio"),
+                                ("bare_pair_us", "start/end")],
     "oplog_gc": [("measures", "gc", "ratio"), ("measures", "gc", "paired_ratio_ci95")],
     "pipeline_vs_torch": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "parity", "max_abs_diff")],
     "predict_fabric": [("results", 0, "rows", 0, "ratio"), ("results", 0, "rows", 0, "predicted_step_ms")],

@@ -171,7 +171,7 @@ def test_run_killed_mid_way_keeps_its_iterations_and_a_trace_that_merges(tmp_pat
     assert steps and steps == list(range(1, 1 + len(steps)))
     merged = json.loads((traces / "trace.json").read_text())["traceEvents"]
     # the killed rank's file holds what it had flushed (it loses at most trace.FLUSH_NS of ranges)
-    assert {e["pid"] for e in merged} == {0, 1} and any(e["pid"] == 0 and e["ph"] == "X" for e in merged)
+    assert {e["pid"] for e in merged} == {1, 2} and any(e["pid"] == 1 and e["ph"] == "X" for e in merged)  # pid r + 1
 
 
 def test_ctrl_c_of_the_launcher_ends_the_ranks_with_valid_files(tmp_path):

@@ -2,7 +2,8 @@
 runs under its own `nsys profile … --output=DIR/rank<r>` (a stand-in `nsys` that records its flags), and —
 with the real nsys on PATH (`tools/install_nsys.sh`; CI installs it) — that Nsight Systems records
 exactly the measured part, and in it the same ranges, nesting, categories, colours and payloads as
-commprof's own Chrome trace of the same run, and that `nsys stats` sums them."""
+commprof's own Chrome trace of the same run, that `nsys stats` sums them, and that every op is also an
+in-flight range (start/end, domain `commprof comm (<group>)`) as long as the trace's span of that op."""
 
 import csv
 import io
@@ -24,7 +25,7 @@ from commprof.record.annotate import COLORS
 
 needs_nsys = pytest.mark.skipif(shutil.which("nsys") is None,
                                 reason="Nsight Systems is not on PATH (tools/install_nsys.sh installs it)")
-PUSH_POP, CATEGORY, DOMAIN_CREATE = 59, 33, 75
+PUSH_POP, START_END, CATEGORY, DOMAIN_CREATE = 59, 60, 33, 75
 """NVTX_EVENTS.eventType in nsys's SQLite export."""
 
 FAKE_NSYS = """#!{python}
@@ -83,25 +84,38 @@ def test_every_rank_runs_under_its_own_nsys_profile(tmp_path):
         assert f"--output={out}/rank{rank}" in flags and "--nvtx-capture=measured@commprof" in flags
 
 
-def nsys_spans(report: Path) -> dict[int, list[tuple]]:
-    """thread -> [(message, category, depth, duration_ns, colour, payload)] of the commprof domain in an
-    nsys report, in start order, read from its SQLite export."""
+def export(report: Path) -> sqlite3.Connection:
+    """The report's SQLite export, made once."""
     db = report.with_suffix(".sqlite")
-    subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite=true", "--output", str(db), str(report)],
-                   check=True, capture_output=True, timeout=300)
-    con = sqlite3.connect(db)
-    domain = con.execute(f"select domainId from NVTX_EVENTS where eventType = {DOMAIN_CREATE} and text = 'commprof'")
-    domain = domain.fetchone()[0]
+    if not db.exists():
+        subprocess.run(["nsys", "export", "--type", "sqlite", "--output", str(db), str(report)],
+                       check=True, capture_output=True, timeout=300)
+    return sqlite3.connect(db)
+
+
+def nvtx_rows(report: Path, domain: str, kind: int) -> list[tuple]:
+    """(thread, start, end, message, category name, colour, payload) of the NVTX ranges of one kind
+    (PUSH_POP, START_END) in one domain of an nsys report, in start order."""
+    con = export(report)
+    domain = con.execute(f"select domainId from NVTX_EVENTS where eventType = {DOMAIN_CREATE} and text = ?",
+                         (domain,)).fetchone()[0]
     categories = dict(con.execute(f"select category, text from NVTX_EVENTS where eventType = {CATEGORY} "
                                   f"and domainId = {domain}"))
     rows = con.execute("select e.globalTid, e.start, e.end, coalesce(e.text, s.value), e.category, e.color, "
                        "e.int64Value from NVTX_EVENTS e left join StringIds s on s.id = e.textId "
-                       f"where e.eventType = {PUSH_POP} and e.domainId = {domain} order by e.start, e.end desc")
+                       f"where e.eventType = {kind} and e.domainId = {domain} order by e.start, e.end desc")
+    return [(tid, start, end, text, categories.get(category), color & 0xFFFFFFFF, payload)
+            for tid, start, end, text, category, color, payload in rows]
+
+
+def nsys_spans(report: Path) -> dict[int, list[tuple]]:
+    """thread -> [(message, category, depth, duration_ns, colour, payload)] of the commprof domain's push/pop
+    ranges in an nsys report, in start order, read from its SQLite export."""
     out, ends = defaultdict(list), defaultdict(list)
-    for tid, start, end, text, category, color, payload in rows:
+    for tid, start, end, text, category, color, payload in nvtx_rows(report, "commprof", PUSH_POP):
         while ends[tid] and ends[tid][-1] <= start:
             ends[tid].pop()
-        out[tid].append((text, categories.get(category), len(ends[tid]), end - start, color & 0xFFFFFFFF, payload))
+        out[tid].append((text, category, len(ends[tid]), end - start, color, payload))
         ends[tid].append(end)
     return dict(out)
 
@@ -124,12 +138,20 @@ def nvtx_sum(report: Path) -> dict[str, int]:
     return {row["Range"]: int(row["Instances"]) for row in rows}
 
 
-@needs_nsys
-def test_nsight_systems_records_the_measured_ranges_the_trace_shows(tmp_path):
-    reports, traced = tmp_path / "reports", tmp_path / "trace"
+@pytest.fixture(scope="module")
+def ddp_profiled(tmp_path_factory) -> tuple[Path, Path]:
+    """(reports, trace directory) of one `commprof nsys -- run --strategy ddp --nproc 2 … --trace DIR`."""
+    tmp = tmp_path_factory.mktemp("nsys")
+    reports, traced = tmp / "reports", tmp / "trace"
     proc = commprof("nsys", "--output", str(reports), "--", "run", "--strategy", "ddp", "--nproc", "2", "--steps", "4",
                     "--warmup", "1", "--batch-size", "8", "--eval-samples", "0", "--trace", str(traced), timeout=600)
     assert proc.returncode == 0, proc.stderr
+    return reports, traced
+
+
+@needs_nsys
+def test_nsight_systems_records_the_measured_ranges_the_trace_shows(ddp_profiled):
+    reports, traced = ddp_profiled
     for rank in range(2):
         report = reports / f"rank{rank}.nsys-rep"
         (tid, seen), = nsys_spans(report).items()  # every range on the training thread
@@ -147,3 +169,35 @@ def test_nsight_systems_records_the_measured_ranges_the_trace_shows(tmp_path):
         counts = nvtx_sum(report)
         assert counts["commprof:measured"] == 1 and counts["commprof:forward"] == 3
         assert counts["commprof:all_reduce (world) 85.3 KiB float32"] == 3
+
+
+def trace_ops(events: list[dict]) -> list[dict]:
+    """The trace's comm spans (threads `comm (<group>)`) inside its `measured` span, in start order."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    measured = next(e for e in events if e["ph"] == "X" and e["name"] == "measured")
+    return sorted((e for e in events if e["ph"] == "X" and names.get(e["tid"], "").startswith("comm (")
+                   and measured["ts"] <= e["ts"] <= measured["ts"] + measured["dur"]), key=lambda e: e["ts"])
+
+
+@needs_nsys
+def test_every_op_is_an_in_flight_range_as_long_as_the_trace_span(ddp_profiled):
+    reports, traced = ddp_profiled
+    for rank in range(2):
+        report = reports / f"rank{rank}.nsys-rep"
+        flights = nvtx_rows(report, "commprof comm (world)", START_END)
+        ops = trace_ops(trace.load(traced / f"rank{rank}.trace.json"))
+        assert len(flights) == len(ops) == 3  # one bucket a step, 3 measured steps
+        for (_, start, end, text, category, colour, payload), op in zip(flights, ops):
+            assert (text, category, colour, payload) == ("all_reduce (world) 85.3 KiB float32", "comm",
+                                                         COLORS["comm"], 87_360)
+            assert op["name"] == "all_reduce (world)"
+            in_flight, span = end - start, op["dur"] * 1e3
+            assert abs(in_flight - span) <= 0.05 * span, (in_flight, span)
+        # each begins inside the call that issued it; together they last longer than those calls (the point
+        # of them: an async op is in flight well after its issuing call has returned)
+        issued = [row for row in nvtx_rows(report, "commprof", PUSH_POP) if row[4] == "comm"]
+        assert len(issued) == len(flights)
+        assert all(call[1] <= flight[1] <= call[2] for call, flight in zip(issued, flights))
+        assert sum(f[2] - f[1] for f in flights) > sum(c[2] - c[1] for c in issued)
+        counts = nvtx_sum(report)  # what `nsys stats` shows beside the issuing calls, under the group's domain
+        assert counts["commprof comm (world):all_reduce (world) 85.3 KiB float32"] == 3

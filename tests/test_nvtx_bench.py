@@ -33,6 +33,12 @@ def test_every_measured_op_is_one_comm_range(tmp_path, backend):
         assert pushes[("comm", "all_reduce (world) 1 KiB float32")] == 7 * all_reduce_modes
         assert pushes[("comm", "all_gather (world) 1 KiB float32")] == 7 * 2
         assert pushes[("iteration", "measured")] == 1  # the whole sweep: Nsight's capture range
+        # each phase of each mode a range of its own around its ops: check, warm-up, timed
+        modes = {"all_reduce": ("out-of-place", "in-place")[2 - all_reduce_modes:],
+                 "all_gather": ("out-of-place", "in-place")}
+        phases = {("iteration", f"{phase} {name} {mode}") for name, both in modes.items() for mode in both
+                  for phase in ("check", "warm-up", "timed")}
+        assert all(pushes[p] == 1 for p in phases)
         assert set(pushes) == {("comm", "all_reduce (world) 1 KiB float32"),
                                ("comm", "all_gather (world) 1 KiB float32"),
-                               ("iteration", "measured")}
+                               ("iteration", "measured")} | phases

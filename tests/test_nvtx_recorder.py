@@ -198,3 +198,33 @@ def test_cli_summary(lib, tmp_path):
     assert f"commprof         comm             {MSG}" in proc.stdout
     assert "WARNING" not in proc.stdout
     assert len(nvtx_recorder.record_files(out)) == 1
+
+
+def test_start_end_ranges_across_threads(lib, tmp_path):
+    """A start/end range (NVTX's process range) ended on another thread than the one that started it, with
+    its domain, category, message, colour and payload, paired with its end by range id."""
+    prefix = tmp_path / "rec"
+    _run_python(f"""
+        import threading, time, nvtx
+        d = nvtx.get_domain("commprof comm (world)")
+        attrs = d.get_event_attributes(message={MSG!r}, color=0xFFF44336, category="comm", payload=1024)
+        first = d.start_range(attrs)
+        second = d.start_range(attrs)
+        d.end_range(second)                  # ended before the first: start/end ranges need not nest
+        time.sleep(0.02)
+        ender = threading.Thread(target=d.end_range, args=(first,))
+        ender.start(); ender.join()
+        d.start_range(attrs)                 # never ended
+    """, nvtx_recorder.recorder_env(lib, prefix, _clean_env()))
+    recs = nvtx_recorder.read_records(prefix)
+    assert [r["kind"] for r in recs] == ["start", "start", "end", "end", "start"]
+    first, second, unended = nvtx_recorder.start_end_ranges(recs)
+    for r in (first, second, unended):
+        assert (r["domain"], r["category"], r["message"]) == ("commprof comm (world)", "comm", MSG)
+        assert (r["color"], r["payload"], r["depth"]) == (0xFFF44336, 1024, None)
+    assert len({first["range_id"], second["range_id"], unended["range_id"]}) == 3
+    assert first["end_tid"] != first["tid"] and second["end_tid"] == second["tid"]  # ended on the other thread
+    assert first["dur_ns"] >= 20_000_000 > second["dur_ns"] >= 0
+    assert unended["end_tid"] is None and unended["dur_ns"] is None
+    assert nvtx_recorder.unbalanced(recs) == {}  # push/pop balance says nothing of start/end ranges
+    assert nvtx_recorder.summarize(recs) == {("commprof comm (world)", "comm", MSG): 3}

@@ -1,5 +1,6 @@
 """NVTX from `commprof run`, seen by a real injection library: every iteration, phase, comm op and wait
-is one balanced range in domain `commprof`, with the category that says what it is."""
+is one balanced range in domain `commprof`, with the category that says what it is; and every op is also
+an in-flight start/end range in domain `commprof comm (world)`, as long as the op log says it was."""
 
 import shutil
 import sys
@@ -8,6 +9,10 @@ from pathlib import Path
 
 import pytest
 from spawn import commprof, env_for_tests
+from test_nsys import trace_ops
+from test_trace import trace_spans
+
+from commprof.record import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
@@ -41,3 +46,33 @@ def test_iterations_phases_ops_and_waits_are_ranges(tmp_path):
         assert all(r["message"].startswith("all_reduce (world) ") and r["message"].endswith(" float32") for r in ops)
         assert sum(r["payload"] for r in ops) == 3 * 87_360  # the bytes ride along as the NVTX payload
         assert {r["color"] for r in ops} == {0xFFF44336}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the NVTX recorder")
+def test_every_op_is_in_flight_from_issue_to_completion(tmp_path):
+    lib = nvtx_recorder.build(tmp_path)
+    prefix, traced = tmp_path / "rec", tmp_path / "trace"
+    env = env_for_tests(**nvtx_recorder.recorder_env(lib, prefix, {}))
+    # 3 buckets a step: the first completes during backward, on gloo's thread, while the others are issued
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "4", "--warmup", "1",
+                    "--bucket-mb", "0.04", "--batch-size", "8", "--eval-samples", "0", "--trace", str(traced), env=env)
+    assert proc.returncode == 0, proc.stderr
+    records = nvtx_recorder.read_records(prefix)
+    for rank in range(2):
+        events = trace.load(traced / f"rank{rank}.trace.json")
+        pid, _ = trace_spans(events)  # the training thread's native id: its process's id
+        mine = [r for r in records if r["pid"] == pid]
+        flights = [r for r in nvtx_recorder.start_end_ranges(mine) if r["message"].startswith("all_reduce ")]
+        issued = [r for r in mine if r["kind"] == "push" and r["category"] == "comm"]
+        assert len(flights) == len(issued) == 4 * 3
+        for flight, push in zip(flights, issued):
+            assert flight["domain"] == "commprof comm (world)" and flight["dur_ns"] is not None
+            assert [flight[k] for k in ("category", "message", "color", "payload")] == \
+                [push[k] for k in ("category", "message", "color", "payload")]
+            assert flight["ts_ns"] >= push["ts_ns"] and flight["tid"] == push["tid"]  # issued inside the call
+        # the op log's spans of the measured steps (the Chrome trace's comm thread) are the last 9 ranges
+        ops = trace_ops(events)
+        assert len(ops) == 3 * 3
+        for flight, op in zip(flights[-len(ops):], ops):
+            span = op["dur"] * 1e3
+            assert abs(flight["dur_ns"] - span) <= 0.05 * span, (flight["dur_ns"], span)

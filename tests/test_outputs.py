@@ -1,8 +1,10 @@
 """Result files never clobber what they should not and bad paths are refused before any rank starts: a
 device or a FIFO is written through (never replaced by a regular file), a symlink is followed, a new file
 gets the umask's mode; a path whose parent is a file, a --trace that is a file, an unwritable folder, two
-flags naming one file: exit 2, one line, nothing launched and no job folder left behind."""
+flags naming one file: exit 2, one line, nothing launched and no job folder left behind. Every file written is
+said once on stderr."""
 
+import csv
 import json
 import os
 import signal
@@ -131,3 +133,28 @@ def test_a_killed_launchers_job_folder_goes_with_the_next_launch(tmp_path):
     proc = run(*TINY, "--nproc", "2", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert job_folders(tmp_path) == ["commprof-job-live", "commprof-job-old"], stale
+
+
+def test_every_command_says_each_file_it_wrote_once(tmp_path):
+    """One stderr line per file written, `kind: path` as --trace's: bench (--json, -F), run (--json, --csv,
+    the single run's own CSV row), profile (--json), report (--plot)."""
+    scripts = os.path.join(os.path.dirname(__file__), "scripts")
+    jobs = {
+        "bench": ([*TINY, "--nproc", "2", "--json", "b.json", "-F", "b.csv"], ["json: b.json", "csv: b.csv"]),
+        "run": (["run", "--strategy", "ddp", "--nproc", "2", "--steps", "3", "--warmup", "1", "--batch-size", "8",
+                 "--eval-samples", "0", "--json", "r.json", "--csv", "r.csv"], ["json: r.json", "csv: r.csv"]),
+        "profile": (["profile", "--nproc", "2", "--json", "p.json", "--", os.path.join(scripts, "collectives.py"),
+                     "--steps", "2"], ["json: p.json"]),
+        "report": (["report", "b.json", "--plot", "plots"], ["plot: " + os.path.join("plots", "bench-all_reduce.png")]),
+    }
+    for name, (argv, said) in jobs.items():
+        proc = run(*argv, tmp_path=tmp_path)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(("json: ", "csv: ", "plot: "))]
+        assert lines == said, (name, proc.stderr[-3000:])
+        for line in said:
+            assert (tmp_path / line.split(": ", 1)[1]).is_file(), line
+    row, = csv.DictReader((tmp_path / "r.csv").open())
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (row["strategy"], int(row["nproc"])) == ("ddp", doc["env"]["world_size"])
+    assert float(row["wall_ms"]) == pytest.approx(doc["summary"]["wall_ms"])

@@ -55,7 +55,7 @@ def test_the_scripts_own_marks_and_a_group_left_alive(tmp_path):
     # the two warm-up iterations' ops are outside every measured one
     assert doc["outside_iterations"]["all_reduce"]["calls"] == 2
     events = json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
-    spans = [(e["pid"], e["name"].split(" ")[0]) for e in events if e.get("ph") == "X"]
+    spans = [(e["pid"] - 1, e["name"].split(" ")[0]) for e in events if e.get("ph") == "X"]  # rank r: pid r + 1
     for rank in (0, 1):  # the script's own phases and every op, on every rank's timeline
         assert spans.count((rank, "forward")) == 5 and spans.count((rank, "iteration")) == 5
         assert spans.count((rank, "all_reduce")) == 2 * 5  # its NVTX range, and its span on "comm (world)"

@@ -11,6 +11,11 @@ from spawn import commprof, env_for_tests
 RUN = ("run", "--model", "mnist-cnn", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--samples", "256")
 
 
+def label(row: dict) -> str:
+    """A grid CSV row's configuration, from its column per grid flag, as the JSON labels it."""
+    return f"strategy={row['strategy']} nproc={row['nproc']}"
+
+
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grid")
@@ -34,7 +39,11 @@ def test_run_grid_records_every_configuration_and_skips_what_cannot_run(grid):
         assert result["config"]["strategy"] == run["config"]["--strategy"]
         assert result["env"]["world_size"] == int(run["config"]["--nproc"])
     rows = list(csv.DictReader((tmp / "grid.csv").open()))
-    assert [r["label"] for r in rows] == [r["label"] for r in doc["runs"]]
+    assert list(rows[0])[:2] == ["strategy", "nproc"] and "label" not in rows[0]  # a column per grid flag
+    assert [label(r) for r in rows] == [r["label"] for r in doc["runs"]]
+    said = proc.stderr.splitlines()  # one line per file written
+    for path in (tmp / "grid.json", tmp / "grid.csv", *sorted((tmp / "plots").iterdir())):
+        assert said.count(f"{path.suffix.lstrip('.').replace('png', 'plot')}: {path}") == 1, (path, said)
     for row, run in zip(rows, doc["runs"]):
         assert float(row["wall_ms"]) == pytest.approx(run["result"]["summary"]["wall_ms"])
         assert float(row["final_loss"]) == pytest.approx(run["result"]["metrics"]["final_loss"])
@@ -43,7 +52,7 @@ def test_run_grid_records_every_configuration_and_skips_what_cannot_run(grid):
 def test_speedup_is_throughput_over_single_and_efficiency_over_ranks(grid):
     _, tmp = grid
     doc = json.loads((tmp / "grid.json").read_text())
-    rows = {r["label"]: r for r in csv.DictReader((tmp / "grid.csv").open())}
+    rows = {label(r): r for r in csv.DictReader((tmp / "grid.csv").open())}
     single = doc["runs"][2]["result"]["summary"]["throughput"]
     for run in doc["runs"]:
         ranks = run["result"]["env"]["world_size"]
@@ -69,7 +78,7 @@ def test_report_markdown_is_the_grid_table(grid):
     _, tmp = grid
     proc = commprof("report", str(tmp / "grid.json"), "--markdown", timeout=60)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["label"]: r for r in csv.DictReader((tmp / "grid.csv").open())}
+    rows = {label(r): r for r in csv.DictReader((tmp / "grid.csv").open())}
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("| configuration | wall ms |") and lines[1].startswith("| --- | ---: |")
     table = [line.strip("| ").split(" | ") for line in lines[2:] if line.startswith("|")]
@@ -104,7 +113,7 @@ def test_a_failing_configuration_is_recorded_and_the_others_complete(tmp_path):
 
 def test_bench_across_rank_counts(tmp_path):
     proc = commprof("bench", "all_reduce", "all_gather", "--nproc", "1,2", "-b", "8", "-e", "1K", "-f", "128",
-                    "-n", "3", "-w", "1", "--json", str(tmp_path / "b.json"), "--csv", str(tmp_path / "b.csv"),
+                    "-n", "3", "-w", "1", "--json", str(tmp_path / "b.json"), "-F", str(tmp_path / "b.csv"),
                     "--plot", str(tmp_path / "plots"), "--link-rate", "200Gbit/s")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "b.json").read_text())
@@ -116,6 +125,8 @@ def test_bench_across_rank_counts(tmp_path):
     assert len(doc["results"]) == sum(len(r["result"]["results"]) for r in doc["runs"])
     rows = list(csv.DictReader((tmp_path / "b.csv").open()))
     assert sorted(int(r["world_size"]) for r in rows) == sorted(r["world_size"] for r in doc["results"])
+    assert all(r["nproc"] == r["world_size"] for r in rows) and list(rows[0])[0] == "nproc"  # the grid's axis
+    assert f"csv: {tmp_path / 'b.csv'}" in proc.stderr.splitlines()
     assert "across rank counts" in proc.stdout and "2 ranks time (us)" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["bench-all_gather.png", "bench-all_reduce.png"]
 

@@ -1,7 +1,8 @@
 """`--trace DIR`: the Chrome trace of `bench` and `run` against what a real NVTX injection library saw
 in the same run (one span per NVTX range: names, categories, nesting, order, durations), the merged
-file's structure (processes, ts/dur, flows that pair up across ranks, clock alignment), and a run
-killed by SIGTERM mid-iteration."""
+file of `bench`, `run` and `profile` through a Trace Event Format validator (tests/support/trace_format.py:
+pids from 1, flows from the last rank to arrive to the others, forward in time), the clock alignment, and
+per-rank files that are whole JSON when a run is stopped by SIGTERM or a rank is SIGKILLed mid-run."""
 
 import json
 import os
@@ -16,10 +17,14 @@ from pathlib import Path
 import pytest
 from spawn import commprof, env_for_tests
 
-from commprof.record import trace
+from commprof.record import merge, trace
+from commprof.record.annotate import ANNOTATOR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
+import trace_format  # noqa: E402
+
+SCRIPTS = Path(__file__).with_name("scripts")
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the NVTX recorder")
 
@@ -67,19 +72,41 @@ def check_one_to_one(records, directory: Path, nproc: int) -> None:
         assert median < 5_000 + call and p95 < 50_000 + call, (median, p95, gaps[-1], call)
 
 
-def check_merged(path: Path, nproc: int) -> dict:
-    doc = json.loads(path.read_text())
-    events = doc["traceEvents"]
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    assert sorted(names) == list(range(nproc)) and all(n.startswith(f"rank {p} ") for p, n in names.items())
-    for e in events:
-        if e["ph"] == "X":
-            assert isinstance(e["ts"], float | int) and e["dur"] >= 0, e
-    flows = defaultdict(Counter)
+def check_flows(events: list[dict]) -> int:
+    """Every flow goes from the op's last rank to arrive (its latest issue) to another member's completion,
+    forward in time, and every op every member waited in has one per other member. The flows drawn."""
+    ops = merge.comm_ops(events)
+    span_of = {(e["pid"], e["tid"], e["ts"]): (key, e) for key, spans in ops.items() for e in spans.values()}
+    chains = defaultdict(dict)
     for e in events:
         if e["ph"] in "stf":
-            flows[e["id"]][e["ph"]] += 1
-    assert flows and all(c["s"] == 1 and c["f"] == 1 and c["t"] == nproc - 2 for c in flows.values())
+            chains[e["id"]][e["ph"]] = e
+    drawn = Counter()
+    for chain in chains.values():
+        s, f = chain["s"], chain["f"]
+        assert f["ts"] >= s["ts"] and f["bp"] == "e", chain
+        key, _ = span_of[(s["pid"], s["tid"], s["ts"])]  # the start sits at an issue
+        spans = ops[key]
+        assert s["ts"] == max(e["ts"] for e in spans.values())
+        end = spans[f["pid"]]
+        assert f["pid"] != s["pid"] and end["ts"] <= f["ts"] <= end["ts"] + end["dur"]
+        drawn[key] += 1
+    for key, spans in ops.items():  # each member that waited (ended after the last issue) gets its arrow
+        complete = len(spans) == next(iter(spans.values()))["args"]["group_size"]
+        last = max(e["ts"] for e in spans.values())
+        waited = sum(e["ts"] + e["dur"] >= last for e in spans.values()) - 1
+        assert drawn[key] == (waited if complete else 0), key
+    return len(chains)
+
+
+def check_merged(path: Path, nproc: int) -> dict:
+    doc = json.loads(path.read_text())
+    trace_format.check(doc)
+    events = doc["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(names) == list(range(1, nproc + 1))
+    assert all(n.startswith(f"rank {p - 1} ") for p, n in names.items())
+    assert check_flows(events) > 0
     ranks = doc["otherData"]["clock_sync"]["ranks"]
     assert len(ranks) == nproc
     for r in ranks:  # one host shares CLOCK_MONOTONIC: the true offset is 0, within the measured bound
@@ -106,6 +133,8 @@ def test_run_trace_matches_nvtx_one_to_one(tmp_path):
         assert [(e["name"], e["cat"]) for e in mine] == [s[:2] for s in spans]
     comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "all_reduce (world)"]
     assert len(comm) == 2 * 3 * 3 and sum(e["args"]["bytes"] for e in comm) == 2 * 3 * 87_360
+    # an all_reduce ends on no rank before both issued it: one arrow per op, from the later rank
+    assert sum(e["ph"] == "f" and e["name"] == "all_reduce" for e in doc["traceEvents"]) == 3 * 3
     counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
     assert counters and max(e["args"]["bytes"] for e in counters) <= 87_360 and counters[-1]["args"]["bytes"] == 0
 
@@ -141,14 +170,119 @@ def test_sigterm_mid_run_leaves_traces_that_load(tmp_path):
     assert proc.returncode != 0
     for f in files:
         events = json.loads(f.read_text())  # closed on SIGTERM: plain JSON
+        trace_format.check(events)
         assert events[-1]["name"] == "trace_end"
         assert any(e.get("cat") == "iteration" for e in events)
-    merged = trace.merge(out)
-    assert {e["pid"] for e in json.loads(merged.read_text())["traceEvents"]} == {0, 1}
+    merged = json.loads(trace.merge(out).read_text())
+    trace_format.check(merged)
+    assert {e["pid"] for e in merged["traceEvents"]} == {1, 2}
 
 
-def test_a_file_cut_short_still_loads(tmp_path):
+def test_a_rank_killed_mid_run_leaves_a_whole_json_file(tmp_path):
+    out = tmp_path / "trace"
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "120", "--warmup", "1", "--batch-size", "8",
+                    "--eval-samples", "0", "--timeout", "5", "--trace", str(out),
+                    env=env_for_tests(COMMPROF_FAULT="die:rank=1:op=all_reduce:seq=100"))
+    assert proc.returncode == 3 and "rank 1 was killed by SIGKILL" in proc.stderr, proc.stderr[-3000:]
+    killed = json.loads((out / "rank1.trace.json").read_text())  # no repair: the file is whole JSON as it stands
+    trace_format.check(killed)
+    assert not any(e["name"] == "trace_end" for e in killed)  # it never closed its file
+    # yet holds the iterations it had flushed: ~100 of ~7 ms each, over several FLUSH_NS
+    assert any(e.get("cat") == "iteration" for e in killed)
+    merged = json.loads((out / "trace.json").read_text())  # the launcher merged what was there
+    trace_format.check(merged)
+    assert {e["pid"] for e in merged["traceEvents"]} == {1, 2}
+    assert check_flows(merged["traceEvents"]) > 0
+
+
+def test_run_bench_and_profile_traces_are_valid_with_flows_forward_in_time(tmp_path):
+    runs = {"run": ("run", "--strategy", "ddp", "--nproc", "2", "--steps", "4", "--warmup", "1", "--batch-size", "8",
+                    "--eval-samples", "0"),
+            "bench": ("bench", "all_reduce", "broadcast", "all_gather", "--backend", "gloo", "--nproc", "2", "-b",
+                      "1K", "-e", "64K", "-f", "8", "-n", "5", "-w", "1"),
+            "profile": ("profile", "--nproc", "2", "--warmup", "1", "--", str(SCRIPTS / "collectives.py"),
+                        "--steps", "4")}
+    for name, args in runs.items():
+        out = tmp_path / name
+        at = args.index("--") if "--" in args else len(args)
+        proc = commprof(*args[:at], "--trace", str(out), *args[at:])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for f in [out / "rank0.trace.json", out / "rank1.trace.json"]:
+            trace_format.check(json.loads(f.read_text()))
+        check_merged(out / "trace.json", 2)
+
+
+def test_every_write_leaves_whole_json_and_a_cut_write_still_loads(tmp_path):
+    clocks = {"epoch_ns": time.perf_counter_ns(), "ranks": [
+        {"rank": 0, "host": "h", "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0, "residual_ns": 0}]}
+    rec = trace.TraceRecorder(tmp_path / "rank0.trace.json", rank=0, world_size=1, clocks=clocks)
+    label = ANNOTATOR.label("forward", "compute")
+    sizes = []
+    for k in range(3):
+        for _ in range(k + 1):
+            rec.begin(label, time.perf_counter_ns())
+            rec.end(time.perf_counter_ns())
+        rec.flush()
+        text = rec.path.read_text()
+        sizes.append(len(text))
+        assert sum(e["ph"] == "X" for e in json.loads(text)) == (k + 1) * (k + 2) // 2
+    rec.close()
+    events = json.loads(rec.path.read_text())
+    trace_format.check(events)
+    assert events[0]["pid"] == 1 and events[-1]["name"] == "trace_end"
+    # a kill inside the last write's syscall: that write cut short anywhere, the earlier ones whole
+    text = rec.path.read_text()
+    for cut in range(sizes[1] - 3, len(text)):
+        rec.path.write_text(text[:cut])
+        assert sum(e["ph"] == "X" for e in trace.load(rec.path)) >= 3, cut
+
+
+def test_a_file_of_an_older_commprof_cut_short_still_loads(tmp_path):
     path = tmp_path / "rank0.trace.json"
     path.write_text('[\n{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0 (h)"}},\n'
                     '{"name":"forward","cat":"compute","ph":"X","pid":0,"tid":1,"ts":1.0,"dur":2.0},\n')
     assert [e["name"] for e in trace.load(path)] == ["process_name", "forward"]
+
+
+def _op(rank: int, name: str, ts: float, dur: float, thread: str = "comm (world)") -> list[dict]:
+    return [{"name": "thread_name", "ph": "M", "pid": rank + 1, "tid": 7, "args": {"name": thread,
+                                                                                  "members": [0, 1, 2]}},
+            {"name": f"{name} (world)", "cat": "comm", "ph": "X", "pid": rank + 1, "tid": 7, "ts": ts, "dur": dur,
+             "args": {"bytes": 8, "group_size": 3, "seq": 0}}]
+
+
+def test_flows_start_at_the_last_rank_to_arrive():
+    # rank 2 issues last; rank 0 (a broadcast root) finished before that and waited for nobody. Rank 1's op
+    # ran on a CUDA stream: its span is on the stream's thread
+    events = (_op(0, "broadcast", 10.0, 2.0) + _op(1, "broadcast", 11.0, 9.0, "stream: comm (world)")
+              + _op(2, "broadcast", 15.0, 5.0))
+    drawn = merge.flows(events)
+    trace_format.check(events + drawn)
+    starts = [(e["pid"], e["ts"]) for e in drawn if e["ph"] == "s"]
+    ends = [(e["pid"], e["ts"]) for e in drawn if e["ph"] == "f"]
+    assert starts == [(3, 15.0)] and ends == [(2, 19.999)]
+    assert merge.flows(events[:-2]) == []  # a member that never traced the op: nobody to point from
+
+
+@pytest.mark.parametrize("bad,why", [
+    ({"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 1, "dur": 1}, "pid 0"),
+    ({"name": "a", "ph": "X", "pid": 1, "ts": 1, "dur": 1}, "no tid"),
+    ({"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": -1, "dur": 1}, "negative"),
+    ({"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 1}, "X with dur"),
+    ({"name": "a", "ph": "B", "pid": 1, "tid": 1, "ts": 1}, "B never ended"),
+    ({"name": "a", "ph": "C", "pid": 1, "tid": 1, "ts": 1, "args": {"n": "x"}}, "C without numeric"),
+    ({"name": "process_name", "ph": "M", "pid": 1, "tid": 1, "args": {}}, "without args.name"),
+    ({"name": "a", "cat": "c", "ph": "f", "bp": "e", "id": 9, "pid": 1, "tid": 1, "ts": 2}, "0 start(s)"),
+    ({"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 2.5}, "f at 2 before s at 2.5"),
+    ({"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 2, "ts": 1}, "binds to no slice"),
+])
+def test_the_validator_names_what_is_wrong(bad, why):
+    good = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "rank 0"}},
+            {"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 1, "dur": 2},
+            {"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 1.5},
+            {"name": "a", "cat": "c", "ph": "f", "bp": "e", "id": 5, "pid": 1, "tid": 1, "ts": 2}]
+    assert trace_format.problems(good) == []
+    if bad.get("id") == 5:  # replaces the good flow's start
+        good = [e for e in good if not (e.get("id") == 5 and e["ph"] == "s")]
+    found = trace_format.problems({"traceEvents": good + [bad]})
+    assert any(why in p for p in found), found

@@ -7,8 +7,10 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2,4,8   # a rank-count sweep in one launch
     torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2 --concurrent   # 4 pairs at once
     commprof bench all_reduce --algo library,ring,rabenseifner -e 64M   # hand-written vs the library's
+    commprof bench all_reduce -b 8 -e 128M -f 2 -a 1 -c 1 -m 2 -z 0 -F out.csv   # nccl-tests' spellings too
 
-Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.py`.
+nccl-tests' numeric and refused forms: commprof/bench/nccl_flags.py. Exercised by: `pytest
+tests/test_bench_cli.py tests/test_nccl_tests_flags.py` and `pytest tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from commprof import flags, kernels, lifecycle
 from commprof.backends import DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops, require_cuda, unsupported
+from commprof.bench import nccl_flags
 from commprof.bench.config import MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
 from commprof.record.contention import note as contention_note
 from commprof.report import files
+from commprof.report.bench_summary import summarize, summary_table
 from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
 from commprof.report.files import Outputs
+from commprof.report.fit import results_console
 from commprof.report.units import parse_size
 from commprof.world import World
 
@@ -54,14 +59,16 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("-i", "--stepbytes", default="0", help="add this many bytes instead of -f")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed warm-up iterations (default 5)")
-    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
+    p.add_argument("-c", "--check", type=int, default=1,
+                   help="check runs per size and mode, each compared with the closed form; 0: none (default 1)")
     p.add_argument("-o", "--op", default="sum", help=f"{', '.join(REDUCE_OPS)}, a comma list, or all")
     p.add_argument("-d", "--datatype", default="float32", help=f"{', '.join(DTYPES)}, a comma list, or all")
-    p.add_argument("-a", "--average", choices=("avg", "min", "max"), default="avg",
-                   help="reported time across ranks (default avg)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
+    p.add_argument("-a", "--average", default="avg",
+                   help="reported time across ranks: avg (1), min (2), max (3) or rank0 (0) (default avg)")
+    p.add_argument("-r", "--root", default="0", help="root of broadcast and reduce, or all (default 0)")
     flags.add_job_flags(p, nproc="one per core, or per GPU", json="write env + results as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write results as CSV")
+    p.add_argument("--csv", "-F", metavar="PATH", help="write results as CSV, a row per result")
+    nccl_flags.add_flags(p)
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--link-rate", metavar="RATE",
                    help="the link's rate, drawn on --plot's bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
@@ -100,17 +107,20 @@ def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
 
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """Validate the flags; raise UsageError with one line naming the problem."""
+    nccl_flags.refuse(args)
     flags.refuse_plot(args)
     if args.link_rate is not None:
         raise UsageError("--link-rate is drawn on the --plot figures: give --plot DIR too")
+    agg = nccl_flags.average(args.average)
+    root, all_roots = nccl_flags.root(args.root)
     algos = parse_algos(args.algo)
     names = _collectives(args, algos)
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
     flags.check_job_flags(args)
-    for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0),
-                             ("--root", args.root, 0)):
+    for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0), ("-c", args.check, 0),
+                             ("-m", args.agg_iters, 1)):
         flags.at_least(flag, value, low)
     flags.finite("-f", args.stepfactor)
     group_sizes = flags.int_list("--group-sizes", args.group_sizes)
@@ -127,8 +137,10 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
-        warmup=args.warmup_iters, check=bool(args.check), agg=args.average, root=args.root,
-        timeout_s=args.timeout, nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
+        warmup=args.warmup_iters, check=args.check, agg=agg, root=root, all_roots=all_roots,
+        agg_iters=args.agg_iters, blocking=bool(args.blocking),
+        timeout_s=args.timeout, huge_pages=args.huge_pages,
+        nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
         levels=levels,
         out=Outputs.from_args(args))
     cfg.sizes()  # raises on -b > -e and a factor that never grows
@@ -169,7 +181,7 @@ class _Bench(lifecycle.Command):
             if k > world_size:
                 raise UsageError(f"--group-sizes {k} is more than the {world_size} rank(s) of the job")
         smallest = min(cfg.group_sizes or (world_size,))
-        if not 0 <= cfg.root < smallest:
+        if not cfg.all_roots and not 0 <= cfg.root < smallest:
             within = "" if smallest == world_size else f" of the smallest group ({smallest} ranks)"
             raise UsageError(f"--root {cfg.root} is outside 0..{smallest - 1}{within}")
 
@@ -229,9 +241,7 @@ class SweepReport:
         self.cfg, self.env, self.shapes = cfg, env, shapes
         self.contention = contention
         self.notes = list(dict.fromkeys(n for p in plans for n in p.notes))
-        out = Console()
-        # Off a terminal rich assumes 80 columns; a results table should not wrap in a log file.
-        self.console = out if out.is_terminal else Console(width=200)
+        self.console = results_console()
         self.results: list[dict] = []
         self.current: list[dict] = []
         self.wrong = 0
@@ -251,8 +261,8 @@ class SweepReport:
         self.layout, self.plan = layout, the_plan
 
     def add(self, point, records: list[dict]) -> None:
-        if self.current and (self.current[0]["collective"], self.current[0]["algo"]) != (
-                point.collective.name, point.algo):
+        if self.current and (self.current[0]["collective"], self.current[0]["algo"], self.current[0]["root"]) != (
+                point.collective.name, point.algo, point.root):  # -r all: a table per root
             self._flush()
         self.current.extend(records)
         self.results.extend(records)
@@ -271,7 +281,9 @@ class SweepReport:
         self.progress.stop()
         self.console.print(bench_table(name, self.current, notes))
         if name != "barrier":
-            self.console.print(f"# {label} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
+            root = self.current[0]["root"]
+            root = f" root {root}" if self.cfg.all_roots and root is not None else ""
+            self.console.print(f"# {label}{root} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
         self.progress.start()
         self.current = []
 
@@ -280,7 +292,7 @@ class SweepReport:
             files.write_json(self.cfg.out.json, self.env, self.results, complete=complete, reason=reason,
                              snapshot=snapshot)
         if self.cfg.out.csv:
-            files.write_csv(self.cfg.out.csv, self.results, snapshot=snapshot)
+            files.write_csv(self.cfg.out.csv, self.results, snapshot=snapshot, say=complete)
 
     def close(self) -> None:
         if self.current:
@@ -293,6 +305,9 @@ class SweepReport:
 
             for table in scaling_tables(self.results):
                 self.console.print(table)
+        rows = summarize(self.results)
+        if rows:
+            self.console.print(summary_table(rows))
         for note in self.notes:
             if note not in self.shown:  # combinations skipped entirely
                 self.console.print(f"note: {note}")

@@ -46,14 +46,25 @@ class BenchConfig:
     """Timed iterations per size (-n)."""
     warmup: int = 5
     """Untimed iterations before them (-w)."""
-    check: bool = True
-    """Verify results against the closed form once per size and mode (-c)."""
+    check: int = 1
+    """Check runs per size and mode (-c), before the warm-up: each initialises the buffers, runs the op once
+    and compares with the closed form; 0: no check."""
     agg: str = "avg"
-    """How per-rank times combine into the reported time (-a): avg, min or max over ranks."""
+    """How per-rank times combine into the reported time (-a): avg, min or max over ranks, or rank0 (rank
+    0's own)."""
     root: int = 0
-    """Root rank for broadcast and reduce."""
+    """Root rank for broadcast and reduce (-r)."""
+    all_roots: bool = False
+    """Every rank in turn is the root of broadcast and reduce, each its own rows (-r all)."""
+    agg_iters: int = 1
+    """Ops per iteration (-m): issued back to back and timed together, the time divided by this."""
+    blocking: bool = False
+    """Wait on each op before issuing the next, and meet at an untimed barrier after each iteration (-z 1)."""
     timeout_s: float = TIMEOUT_S
     """A rank blocked longer than this in one op ends the run (--timeout)."""
+    huge_pages: bool = False
+    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
+    the environment has it."""
     nproc: int | None = None
     """Local ranks to start (--nproc); None: one per core, or per GPU."""
     group_sizes: tuple[int, ...] = ()

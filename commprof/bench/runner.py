@@ -1,5 +1,9 @@
-"""The sweep: for each collective, dtype, op and size, check once, warm up, time each iteration on
+"""The sweep: for each collective, dtype, op, root and size, check (-c), warm up, time each iteration on
 every rank, gather the times on rank 0 and turn them into one record per mode (out-of-place, in-place).
+An iteration is -m ops issued back to back and timed together, its time divided by -m; under -z 1 each op
+is waited on before the next and the group meets at a barrier, untimed, after each iteration. The check,
+the warm-up and the timed iterations of each mode are NVTX/trace ranges of their own ("timed all_reduce
+in-place"), around the ops' own ranges.
 
 A sweep runs on one layout of the job's ranks: all of them (the default), the first k while the others
 wait (--group-sizes k), every disjoint group of k at once (--concurrent), or the levels of the hosts
@@ -15,7 +19,7 @@ tests/test_bench_groups.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import ModuleType
 from typing import Callable, Iterator
@@ -28,11 +32,14 @@ from commprof.bench.config import MODES, BenchConfig
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.errors import UsageError
-from commprof.record.recorder import NAME, NBYTES
+from commprof.record.annotate import ANNOTATOR
+from commprof.record.recorder import END, NAME, NBYTES, START
 from commprof.stats import bandwidths, summarize
 
 LIBRARY = kernels.LIBRARY
 SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)
+ROOTED = ("broadcast", "reduce")
+"""Collectives with a root (-r)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,8 @@ class Point:
     """`library`, or the name of a commprof.kernels algorithm."""
     module: ModuleType | None = None
     """That algorithm's module (None for the library)."""
+    root: int | None = None
+    """The root rank of a rooted collective (broadcast, reduce); None for the others."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ def layouts(cfg: BenchConfig, world_size: int, hosts: list[str] | None = None) -
     if cfg.levels:
         out = [level_layout(level, hosts) for level in cfg.levels]
         for layout in out:
-            if cfg.root >= layout.size:
+            if not cfg.all_roots and cfg.root >= layout.size:
                 raise UsageError(f"--root {cfg.root} is outside 0..{layout.size - 1} "
                                  f"of the {layout.level}-host groups")
         return out
@@ -164,15 +173,26 @@ def plan(cfg: BenchConfig, world_size: int) -> Plan:
             module = None if algo == LIBRARY else kernels.find(name, algo)
             if algo != LIBRARY and module is None:
                 continue  # `--algo all`: this collective has no algorithm of that name
-            for dtype in cfg.dtypes:
-                for op in (cfg.ops if coll.reduces else (None,)):
-                    modes, why = _modes(cfg.backend, name, module, dtype, op)
-                    if not modes:
-                        label = name if module is None else f"{name}/{algo}"
-                        out.notes.append(f"{label} {dtype} {op or ''}: skipped, {why}".replace("  ", " "))
-                        continue
-                    out.points.extend(_sized(coll, dtype, op, modes, sizes, world_size, out.notes, algo, module))
+            for root in roots(cfg, name, world_size):
+                for dtype in cfg.dtypes:
+                    for op in (cfg.ops if coll.reduces else (None,)):
+                        modes, why = _modes(cfg.backend, name, module, dtype, op)
+                        if not modes:
+                            label = name if module is None else f"{name}/{algo}"
+                            note = f"{label} {dtype} {op or ''}: skipped, {why}".replace("  ", " ")
+                            if note not in out.notes:  # said once, not once per root
+                                out.notes.append(note)
+                            continue
+                        out.points.extend(replace(p, root=root) for p in
+                                          _sized(coll, dtype, op, modes, sizes, world_size, out.notes, algo, module))
     return out
+
+
+def roots(cfg: BenchConfig, name: str, n: int) -> tuple[int | None, ...]:
+    """The roots collective `name` runs with on `n` ranks: every rank in turn under -r all, else -r's."""
+    if name not in ROOTED:
+        return (None,)
+    return tuple(range(n)) if cfg.all_roots else (cfg.root,)
 
 
 def _modes(backend: str, name: str, module, dtype, op) -> tuple[tuple[bool, ...], str | None]:
@@ -207,36 +227,91 @@ def _sized(coll, dtype, op, modes, sizes, n, notes, algo, module) -> Iterator[Po
 
 def measure(comm: Comm, cfg: BenchConfig, point: Point, inplace: bool,
             start: Callable[[], None]) -> tuple[list[int], int | None, int | None]:
-    """This rank's per-iteration times (ns), wrong-element count, and (for a hand-written algorithm)
-    bytes it sent per call, for one point and mode. `start` is the barrier the timed loop begins after."""
+    """This rank's per-iteration times (ns, an iteration's -m ops together divided by -m), wrong-element
+    count over the -c checks, and (for a hand-written algorithm) bytes it sent per call, for one point and
+    mode. `start` is the barrier the timed loop begins after."""
     dtype = DTYPES[point.dtype] if point.dtype else None
     target = comm if point.module is None else kernels.bind(comm, point.module)
-    case = point.collective.prepare(target, point.count, dtype, point.op or "sum", inplace, cfg.root)
+    root = point.root or 0
+    case = point.collective.prepare(target, point.count, dtype, point.op or "sum", inplace, root)
+    name = phase_name(point, inplace)
     wrong = None
     if cfg.check:
-        case.init()
-        case.run()
-        wrong = case.wrong()
-    run = case.run
-    for _ in range(cfg.warmup):
-        run()
-    recorder = comm.recorder
+        wrong = 0
+        with _phase("check", name):
+            for _ in range(cfg.check):
+                case.init()
+                case.run()
+                wrong += case.wrong()
+    run, m = case.run, cfg.agg_iters
+    wait = _waiter(comm, cfg.blocking)
+    with _phase("warm-up", name):
+        for _ in range(cfg.warmup * m):
+            run()
+            wait()
+    recorder, clock = comm.recorder, comm.clock
     start()
     mark = recorder.mark()
-    if point.module is None:
+    spans = []
+    with _phase("timed", name):
         for _ in range(cfg.iters):
-            run()
-        times, sent = recorder.durations_ns(mark), None
-    else:  # many point-to-point ops per call: time the call as a whole
-        clock, spans = comm.clock, []
-        for _ in range(cfg.iters):
-            start = clock.now()
-            run()
-            spans.append((start, clock.now()))
-        times = [clock.elapsed_ns(a, b) for a, b in spans]
-        sent = sum(op[NBYTES] for op in recorder.ops[mark:] if op[NAME] in SENDS) // cfg.iters
+            begin = clock.now() if point.module is not None else None
+            for _ in range(m):
+                run()
+                wait()
+            if begin is not None:
+                spans.append((begin, clock.now()))
+            if cfg.blocking:
+                comm.control_barrier()  # untimed: the next iteration starts with the ranks aligned
+    if point.module is None:  # one logged op per call: an iteration spans its first op's start to its last's end
+        ops = recorder.ops[mark:]
+        spans = [(ops[i][START], ops[i + m - 1][END]) for i in range(0, len(ops), m)]
+        sent = None
+    else:  # many point-to-point ops per call: time the calls as a whole
+        sent = sum(op[NBYTES] for op in recorder.ops[mark:] if op[NAME] in SENDS) // (cfg.iters * m)
+    times = [int(clock.elapsed_ns(a, b)) // m for a, b in spans]
     recorder.clear()
     return times, wrong, sent
+
+
+def phase_name(point: Point, inplace: bool) -> str:
+    """What a phase range says besides its phase: 'all_reduce/ring root 1 in-place'."""
+    name = point.collective.name if point.module is None else f"{point.collective.name}/{point.algo}"
+    root = "" if point.root is None else f" root {point.root}"
+    return f"{name}{root} {'in-place' if inplace else 'out-of-place'}"
+
+
+class _phase:
+    """One NVTX/trace range (category iteration) around a phase of a point: 'check …', 'warm-up …',
+    'timed …'. Its name leaves out the size and dtype, which the ops' ranges inside it carry, so that the
+    labels cached stay few."""
+
+    __slots__ = ("_label",)
+
+    def __init__(self, phase: str, name: str) -> None:
+        self._label = ANNOTATOR.label(f"{phase} {name}", "iteration") if ANNOTATOR.active else None
+
+    def __enter__(self) -> None:
+        if self._label is not None:
+            ANNOTATOR.push(self._label)
+
+    def __exit__(self, *exc) -> None:
+        if self._label is not None:
+            ANNOTATOR.pop()
+
+
+def _waiter(comm: Comm, blocking: bool) -> Callable[[], None]:
+    """-z 1: what waits for an op before the next is issued. A gloo or MPI op has completed when its call
+    returns; an NCCL op has only been queued on the stream, so the CPU waits for the device."""
+    if not blocking or comm.device.type != "cuda":
+        return _nothing
+    import torch
+
+    return partial(torch.cuda.synchronize, comm.device)
+
+
+def _nothing() -> None:
+    pass
 
 
 def sweep(world: Comm, group: Comm | None, layout: Layout, cfg: BenchConfig, the_plan: Plan,
@@ -297,18 +372,19 @@ def make_record(cfg: BenchConfig, point: Point, inplace: bool, per_rank: list, n
     algbw, busbw = bandwidths(nbytes, stats["time_us"], coll.bus_factor(n))
     record = {
         "collective": coll.name, "algo": point.algo, "backend": cfg.backend, "world_size": n,
-        "dtype": point.dtype, "redop": point.op, "root": cfg.root if coll.name in ("broadcast", "reduce") else None,
+        "dtype": point.dtype, "redop": point.op, "root": point.root,
         "inplace": inplace, "nbytes": nbytes, "count": point.count, "requested_nbytes": point.requested,
         "time_us": stats.pop("time_us"), "algbw_GBps": algbw, "busbw_GBps": busbw,
         "bus_factor": coll.bus_factor(n),
         "wrong": None if wrongs[0] is None else int(sum(wrongs)),
-        "agg": cfg.agg, "iters": cfg.iters, "warmup": cfg.warmup,
+        "agg": cfg.agg, "iters": cfg.iters, "warmup": cfg.warmup, "agg_iters": cfg.agg_iters,
+        "blocking": cfg.blocking, "check_iters": cfg.check,
         **stats,
         "times_us": [[t / 1e3 for t in row] for row in times],
     }
     if point.module is not None:
         record["sent_bytes"] = [s for _, _, s in per_rank]
-        record["sent_bytes_model"] = [point.module.sent_bytes(n, r % n, point.count, esize, cfg.root)
+        record["sent_bytes_model"] = [point.module.sent_bytes(n, r % n, point.count, esize, point.root or 0)
                                       for r in range(len(per_rank))]
     return record
 

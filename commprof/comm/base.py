@@ -3,8 +3,11 @@
 Each data-plane call is, here and only here: wrapped in an NVTX range (domain `commprof`, category
 `comm` — `bubble` for a pipeline's send/recv —, message "<op> (<group>) <size> <dtype>", payload = the
 bytes; record/annotate.py names everything), timed from issue to completion with the backend's clock,
-and logged with its payload bytes in nccl-tests' size convention. Backends (torch.distributed, mpi4py)
-implement the `_op` methods; they never time or count anything themselves.
+and logged with its payload bytes in nccl-tests' size convention. Under an NVTX tool each op is also an
+in-flight range from that start stamp to that end stamp — a start/end range in its group's domain
+`commprof comm (<group>)`, ended by whichever thread sees the op complete — for Nsight's timeline.
+Backends (torch.distributed, mpi4py) implement the `_op` methods; they never time or count anything
+themselves.
 
 Names follow torch.distributed; tensor flavours throughout: `all_gather(output, input)` fills one flat
 output of world_size × input (torch's all_gather_into_tensor), `reduce_scatter(output, input)` likewise,
@@ -132,17 +135,23 @@ class Comm:
             ANNOTATOR.push(hit[0])
         self.busy_seq += 1
         self.busy = name
+        flight = hit[2]
+        if flight is not None:  # started just before the start stamp, as it ends just after the end stamp
+            flight = (flight.end, flight.start(flight.attrs))
         try:
             start = self._now()
             work = fn(*args)
             if async_op:
-                return Handle(self, name, nbytes, work, start)
+                handle, flight = Handle(self, name, nbytes, work, start, flight), None
+                return handle
             end = self._now()
         except CommprofError:
             raise
         except Exception as exc:  # the backend's own words, as one line that names the op
             raise self.failure(name, exc) from exc
         finally:
+            if flight is not None:  # a synchronous op, or one that failed: over now
+                flight[0](flight[1])
             self.busy = None
             if annotate:
                 ANNOTATOR.pop()
@@ -167,14 +176,16 @@ class Comm:
         return CommprofError(f"rank {self.rank}: {name} failed: {first}")
 
     def _label(self, name: str, nbytes: int, dtype) -> tuple:
-        """(NVTX label, 1 for a collective — it advances `seq` — or 0), cached per (name, size, dtype)."""
+        """(NVTX label, 1 for a collective — it advances `seq` — or 0, the op's in-flight range or None),
+        cached per (name, size, dtype)."""
         if name.startswith("wait "):
-            label = ANNOTATOR.label(f"{name} ({self.label})", "wait")
+            label, in_flight = ANNOTATOR.label(f"{name} ({self.label})", "wait"), None
         else:
             kind = dtype_name(dtype) if dtype is not None else None
             label = ANNOTATOR.label(op_message(name, nbytes, kind, self.label), op_category(name, self.label),
                                     payload=nbytes if dtype is not None else None)
-        hit = self._labels[(name, nbytes, dtype)] = (label, 0 if name in P2P else 1)
+            in_flight = ANNOTATOR.in_flight_range(label, self.label)
+        hit = self._labels[(name, nbytes, dtype)] = (label, 0 if name in P2P else 1, in_flight)
         return hit
 
     def range(self, message: str) -> Range:
@@ -256,9 +267,11 @@ class Handle:
     at issue to one recorded on the current stream right after `wait()` has made that stream depend on
     the op — completion as the training stream sees it, without synchronizing the device."""
 
-    def __init__(self, comm: Comm, name: str, nbytes: int, work, start) -> None:
+    def __init__(self, comm: Comm, name: str, nbytes: int, work, start, flight: tuple | None = None) -> None:
         self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
         self._start = start
+        self._flight = flight
+        """(end_range, range id) of the op's in-flight NVTX range, until it is ended; None without one."""
         self._lock = threading.Lock()
         self._end = None
         """Completion, once logged."""
@@ -272,6 +285,7 @@ class Handle:
             if self._waiting or self._end is not None:
                 return
             self._end = end
+        self._land()
         self._log(end, True)
 
     def complete_on_stream(self) -> None:
@@ -282,7 +296,15 @@ class Handle:
             if self._waiting or self._end is not None:
                 return
             self._end = end = self._comm._now()
+        self._land()
         self._log(end, False)
+
+    def _land(self) -> None:
+        """End the in-flight range: called once, by whichever of the future, the stream callback and wait()
+        completes the op, right after its end stamp."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            flight[0](flight[1])
 
     def _log(self, end, host: bool) -> None:
         comm = self._comm
@@ -315,6 +337,8 @@ class Handle:
             start = time.perf_counter_ns()
             comm._wait(self._work)
             end = time.perf_counter_ns()
+            if done is None and comm.clock.kind != "cuda":  # it completes at `end`, as logged below
+                self._land()
             # The backend's work goes now, not with this handle: a torch Work kept past comm.close() keeps
             # gloo's context and its threads alive (see comm.end_process).
             self._work, self._waited = None, True
@@ -326,10 +350,13 @@ class Handle:
             comm.busy = None
             if annotate:
                 ANNOTATOR.pop()
+            if done is None and not self._waited:  # the wait failed: the op is over for this rank
+                self._land()
         if comm.clock.kind == "cuda":
             comm.recorder.waits.append((self._name, start, end))
             if done is None:
                 self._end = comm._now()
+                self._land()
                 self._log(self._end, False)
             return
         if done is None:  # still in flight when the wait began: it completed when the wait returned

@@ -87,10 +87,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def render(doc: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    out = Console(width=None if Console().is_terminal else 200)
+    from commprof.report.fit import results_console
+
+    out = results_console()
     levels = ", ".join(f"{name} {lv['bandwidth_GBps']:.4g} GB/s + {lv['alpha_us']:.3g} µs ({lv['source']})"
                        for name, lv in doc["fabric"].items() if lv)
     out.print(f"commprof predict · fabric: {levels}")

@@ -106,9 +106,11 @@ def load(path: str) -> Measured:
 
 def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | None, backend: str | None) -> Measured:
     events = doc["traceEvents"]
+    # each process's clock_sync metadata names its rank (pid r + 1; traces of older commprof used pid r)
+    rank_of = {e.get("pid"): e["args"]["rank"] for e in events if e.get("name") == "clock_sync"}
     by_rank: dict[int, list[dict]] = defaultdict(list)
     for e in events:
-        by_rank[e.get("pid")].append(e)
+        by_rank[rank_of.get(e.get("pid"), e.get("pid"))].append(e)
     ranks = sorted(r for r in by_rank if isinstance(r, int))
     hosts = tuple(next((e["args"]["host"] for e in by_rank[r] if e.get("name") == "clock_sync"), "?")
                   for r in ranks)

@@ -47,6 +47,9 @@ class ProfileConfig:
     """Iterations per epoch, for volume per epoch; None: every iteration the script ran is the epoch."""
     global_batch: int | None
     """Samples per iteration across ranks, for throughput in samples/s; None: iterations/s only."""
+    huge_pages: bool = False
+    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
+    the environment has it."""
     ddp_reducer: bool = True
     """Route DistributedDataParallel's reducer (its bucket all-reduces) through Comm, by the process group
     it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
@@ -86,7 +89,8 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
         rest = rest[1:]
     out = Outputs.from_args(args)
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
-                         warmup=args.warmup, timeout_s=args.timeout, steps_per_epoch=args.steps_per_epoch,
+                         warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
+                         steps_per_epoch=args.steps_per_epoch,
                          global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out)
 
 
@@ -95,8 +99,6 @@ class _Profile:
     a rank runs the script (profile/rank.py), which makes its own process group."""
 
     build_config = staticmethod(build_config)
-    huge_pages = False
-
     def local_ranks(self, cfg: ProfileConfig, slots: int) -> int:
         return cfg.nproc if cfg.nproc is not None else max(2, slots)
 

@@ -41,6 +41,7 @@ from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
+from commprof.report.progress import StepProgress
 from commprof.world import World, usable_cores
 
 
@@ -81,6 +82,7 @@ class Session:
             ddp_reducer.install(self.interposer)
         functional.install(self.interposer.unseen)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
+        self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
@@ -136,7 +138,8 @@ class Session:
         sys.argv = [script, *self.cfg.script_args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         try:
-            runpy.run_path(script, run_name="__main__")
+            with self.tracker.progress:
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = ending.exit_code(exc.code)
@@ -258,12 +261,10 @@ class Session:
 
     @staticmethod
     def _print(doc: dict) -> None:
-        from rich.console import Console
-
+        from commprof.report.fit import results_console
         from commprof.report.script_table import profile_tables
 
-        out = Console()
-        console = out if out.is_terminal else Console(width=200)
+        console = results_console()
         for table in profile_tables(doc):
             console.print(table)
 

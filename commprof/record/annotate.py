@@ -1,6 +1,6 @@
 """The one label scheme: what every range commprof emits is called, its category and colour, and the
-push/pop that puts it in NVTX (for Nsight Systems) and — when a trace is attached — in the Chrome trace,
-so Nsight, the Chrome trace and the tables use the same names.
+push/pop that puts it in NVTX (for Nsight Systems) and — when a trace or the torch profiler is attached — in
+the Chrome trace and the Kineto trace, so Nsight, both traces and the tables use the same names.
 
 Domain `commprof`. Categories and their fixed colours:
 
@@ -14,8 +14,9 @@ Domain `commprof`. Categories and their fixed colours:
   wait        blocked on an async op                 "wait all_reduce (world)"
   kernel      one step of a hand-written algorithm   "ring::reduce_scatter::step2"
 
-Nesting: iteration › phase › op › algorithm step › the step's ops. Exercised by:
-`pytest tests/test_nvtx_run.py tests/test_trace.py`.
+Nesting: iteration › phase › op › algorithm step › the step's ops. Under an NVTX tool every op is also an
+in-flight range, issue → completion, in its group's domain `commprof comm (<group>)` (IN_FLIGHT_DOMAIN).
+Exercised by: `pytest tests/test_nvtx_run.py tests/test_trace.py tests/test_nsys.py`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ PHASE_CATEGORY = {"data": "data", "step": "optimizer"}
 
 MEASURED = "measured"
 """The range around what is measured; `commprof nsys` captures exactly it."""
+
+IN_FLIGHT_DOMAIN = "commprof comm ({group})"
+"""The NVTX domain of one group's in-flight ranges: every op again, from issue to completion, as a start/end
+range (an async op's ends on the thread that sees it complete). A domain of its own, because Nsight Systems
+gives each domain its own row: these ranges overlap the calling thread's push/pop ranges, which stay."""
+
+
+class InFlight(NamedTuple):
+    """An op's in-flight range: its attributes in its group's IN_FLIGHT_DOMAIN, and that domain's start_range
+    and end_range (bound methods: the op path calls them without a lookup)."""
+
+    attrs: object
+    start: object
+    end: object
 
 
 class Label(NamedTuple):
@@ -97,10 +112,15 @@ class Annotator:
     def __init__(self) -> None:
         self.domain = open_domain()
         self._labels: dict = {}
+        self._in_flight_domains: dict = {}
+        self.in_flight = not isinstance(self.domain, DummyDomain)
+        """Whether ops get in-flight ranges: an NVTX tool is attached (read when a Comm first labels an op)."""
         self._trace = None
+        self._kineto = None
         self.active = not isinstance(self.domain, DummyDomain)
-        """Whether a push goes anywhere: an NVTX tool is attached or a trace is on. Comm's per-op path
-        skips push and pop when not (two calls that do nothing cost it about 1 µs, right after a gloo op)."""
+        """Whether a push goes anywhere: an NVTX tool is attached, a trace or the torch profiler is on. Comm's
+        per-op path skips push and pop when not (two calls that do nothing cost it about 1 µs, right after a
+        gloo op)."""
 
     @property
     def trace(self):
@@ -110,7 +130,18 @@ class Annotator:
     @trace.setter
     def trace(self, trace) -> None:
         self._trace = trace
-        self.active = trace is not None or not isinstance(self.domain, DummyDomain)
+        self.active = trace is not None or self._kineto is not None or not isinstance(self.domain, DummyDomain)
+
+    @property
+    def kineto(self):
+        """A commprof.run.kineto.Ranges while --torch-profiler is on (every range is also a Kineto user
+        annotation), else None."""
+        return self._kineto
+
+    @kineto.setter
+    def kineto(self, kineto) -> None:
+        self._kineto = kineto
+        self.active = kineto is not None or self._trace is not None or not isinstance(self.domain, DummyDomain)
 
     def label(self, message: str, category: str, payload: int | None = None) -> Label:
         key = (message, category, payload)
@@ -121,7 +152,21 @@ class Annotator:
             hit = self._labels[key] = Label(message, category, payload, attrs)
         return hit
 
+    def in_flight_range(self, label: Label, group: str) -> InFlight | None:
+        """The in-flight range of an op labelled `label` on group `group`: the same message, category, colour
+        and payload, in that group's own domain; None when ops get none (no NVTX tool attached)."""
+        if not self.in_flight:
+            return None
+        domain = self._in_flight_domains.get(group)
+        if domain is None:
+            domain = self._in_flight_domains[group] = open_domain(IN_FLIGHT_DOMAIN.format(group=group))
+        attrs = domain.get_event_attributes(message=label.message, color=COLORS[label.category],
+                                            category=label.category, payload=label.payload)
+        return InFlight(attrs, domain.start_range, domain.end_range)
+
     def push(self, label: Label) -> None:
+        if self._kineto is not None:  # outside the trace's stamps and NVTX's range: they measure none of it
+            self._kineto.push(label)
         if self._trace is not None:  # stamped just before the push, as the pop is just before the pop:
             self._trace.begin(label, time.perf_counter_ns())  # both sides then carry the same call cost
         self.domain.push_range(label.attrs)
@@ -130,6 +175,8 @@ class Annotator:
         trace = self._trace
         due = trace is not None and trace.end(time.perf_counter_ns())
         self.domain.pop_range()
+        if self._kineto is not None:
+            self._kineto.pop()
         if due:  # the trace's writing after the pop: inside no range it stamps, NVTX's or its own
             trace.flush()
 

@@ -47,6 +47,8 @@ class Tracker:
         self.recorder = recorder
         self.warmup = warmup
         self.phases = Phases(recorder)
+        self.progress = None
+        """A StepProgress (report/progress.py) that sees every iteration end, on rank 0's terminal."""
         self.iterations: list[dict] = []
         """Measured iterations, in `commprof run`'s per-iteration form."""
         self.volumes: list[dict] = []
@@ -96,6 +98,8 @@ class Tracker:
             self.outside += self.phases.ops()
         self.recorder.clear()
         self.index += 1
+        if self.progress is not None:
+            self.progress.advance(split.wall_ns * MS)
         self.open = False
 
     def step(self) -> None:

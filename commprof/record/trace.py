@@ -1,41 +1,41 @@
 """Chrome Trace Event files (`--trace DIR`): one per rank, streamed as the run goes, and one merged file
 of every rank. They open in Perfetto (ui.perfetto.dev) and chrome://tracing.
 
-Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clock:
+Per rank, DIR/rank<r>.trace.json holds, on one time axis aligned to rank 0's clock, as process r + 1 (Perfetto
+treats pid 0 as the kernel's idle process) named "rank r":
   thread "training"      every range commprof pushes to NVTX (record/annotate.py), same names, same
                          nesting, stamps taken inside the NVTX range — one span per NVTX range
   thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight); the
                          thread's metadata names the group's members (global ranks): `commprof predict`
                          matches each op across them
   counter "bytes in flight"  the sum of the payloads of this rank's ops in flight
-  flows                  arrows joining the same collective (same group, op and sequence number) on
-                         every rank, in group-rank order
   threads "stream: …"    on CUDA, the same ranges and ops as the device's stream ran them
-                         (record/gpu_trace.py); the comm ops and flows are there, not on "comm (…)"
-The file is a JSON array written as events happen — "[", then one event per line followed by "," (the Horovod
-timeline's way); a run killed part-way leaves a file the Trace Event format allows (no closing "]"; Chrome's
-DevTools panel still refuses it, so `merge` below), and SIGTERM closes it ("]"). `load(path)` reads either.
-Rank 0 writes DIR/trace.json at the end (every rank's events plus the clock alignment in "otherData");
-`merge(DIR)` rebuilds it from the per-rank files after a killed run. Exercised by: `pytest
-tests/test_trace.py`.
+                         (record/gpu_trace.py); the comm ops are there (and the merged file's flows),
+                         not on "comm (…)"
+The file is a JSON array, one event per line, that is complete JSON after every write: each flush writes
+its events over the closing "]" and a new "]" after them, in one pwrite at the offset where the array's
+end stood — as cheap as appending, where rewriting the file (a temporary, then a rename) would cost the
+whole file at every flush. A rank killed between writes (SIGKILL, a crash) leaves a file json.load reads;
+one killed inside a write's syscall may leave that write cut short, which `load(path)` reads too.
+Rank 0 writes DIR/trace.json at the end (record/merge.py: every rank's events, the flow arrows between them,
+the clock alignment); `merge(DIR)` rebuilds it from the per-rank files after a killed run.
+Exercised by: `pytest tests/test_trace.py`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
-import zlib
 from pathlib import Path
 
-from commprof.measurement import COLLECTIVES, P2P
 from commprof.record.annotate import ANNOTATOR
 from commprof.record.gpu_trace import StreamSpans
+from commprof.record.merge import load, merge, parse, write_merged  # noqa: F401 (trace.load, trace.merge)
 from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
 
-FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
-"""Ops whose spans on every member of their group are joined by flow arrows: the collectives."""
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
 IDLE_WAIT_S = 0.2
@@ -43,6 +43,8 @@ IDLE_WAIT_S = 0.2
 FLUSH_NS = 200_000_000
 """Otherwise the buffer is written when a range at the top (an iteration, a bench op: inside at most the
 `measured` range) ends at least this long after the last write: what a SIGKILL can lose."""
+CLOSE = "\n]\n"
+"""What closes the array: every write ends with it, and the next one starts where it starts."""
 
 
 def sync_clocks(comm, rounds: int = 16) -> dict:
@@ -82,12 +84,17 @@ class TraceRecorder:
     """One rank's trace, streamed to `path`. Attach with `start`; `close` ends the file."""
 
     def __init__(self, path: Path, *, rank: int, world_size: int, clocks: dict) -> None:
-        self.path, self.rank = Path(path), rank
+        self.path, self.rank, self.pid = Path(path), rank, rank + 1
         mine = clocks["ranks"][rank]
         self._shift = clocks["epoch_ns"] + mine["applied_offset_ns"]  # local ns -> ns since rank 0's epoch
-        self._f = open(self.path, "w", encoding="utf-8")
-        self._f.write("[\n")
-        self._buf: list[str] = []
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._end = 0
+        """Where the closing CLOSE starts in the file (0: nothing written yet)."""
+        self._written = 0
+        """Events in the file."""
+        self._head: list[str] = []
+        """Metadata events waiting for the next write."""
+        self._buf: list = []
         self._stack: list[tuple] = []
         self._tid = threading.get_native_id()
         self._threads: dict[str, int] = {}
@@ -102,17 +109,18 @@ class TraceRecorder:
         self._flushed = time.perf_counter_ns()
         self.gpu: StreamSpans | None = None
         """The CUDA events of ranges and ops, while the trace runs on a GPU."""
-        meta = {"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                "args": {"name": f"rank {rank} ({mine['host']})"}}
-        self._emit(meta)
-        self._emit({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        self._emit({"name": "thread_name", "ph": "M", "pid": rank, "tid": self._tid, "args": {"name": "training"}})
-        self._emit({"name": "clock_sync", "ph": "M", "pid": rank, "tid": 0, "args": {**mine, "world_size": world_size}})
-        self._f.flush()  # on disk now: a rank killed before its first flush still leaves a loadable file
+        pid = self.pid
+        self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                    "args": {"name": f"rank {rank} ({mine['host']})"}})
+        self._emit({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
+        self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": self._tid, "args": {"name": "training"}})
+        self._emit({"name": "clock_sync", "ph": "M", "pid": pid, "tid": 0, "args": {**mine, "world_size": world_size}})
+        with self._lock:
+            self._write([])  # on disk now: a rank killed before its first flush still leaves a loadable file
 
     def attach_gpu(self, gpu: StreamSpans) -> None:
         self.gpu = gpu
-        self._emit({"name": "gpu_clock_sync", "ph": "M", "pid": self.rank, "tid": 0,
+        self._emit({"name": "gpu_clock_sync", "ph": "M", "pid": self.pid, "tid": 0,
                     "args": {"anchor_bound_ns": gpu.bound_ns}})
 
     # ---- recording (hot path: tuples only, formatted at flush) ------------------------------
@@ -135,27 +143,41 @@ class TraceRecorder:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
         with self._lock:
             if self.gpu is not None and comm.clock.kind == "cuda" and not entry[HOST]:
-                self.gpu.pending.append((("op", entry, comm.rank, comm.members), entry[START], entry[END]))
+                self.gpu.pending.append((("op", entry, comm.members), entry[START], entry[END]))
             else:
-                self._buf.append(("op", entry, comm.rank, comm.clock, comm.members))
+                self._buf.append(("op", entry, comm.clock, comm.members))
 
     # ---- formatting and writing -------------------------------------------------------------
     def _us(self, t_ns: int) -> float:
         return (t_ns - self._shift) / 1e3
 
     def _emit(self, event: dict) -> None:
-        self._f.write(json.dumps(event, separators=(",", ":")) + ",\n")
+        self._head.append(json.dumps(event, separators=(",", ":")))
+
+    def _write(self, events: list[str]) -> None:
+        """Put `events` (and the metadata waiting) over the array's end, with the end after them, in one
+        write: between writes the file is always a whole JSON array. Called with the lock held."""
+        events, self._head = self._head + events, []
+        if not events and self._end:
+            return
+        lead = ("[\n" if not self._end else "") + (",\n" if self._written and events else "")
+        data = (lead + ",\n".join(events) + CLOSE).encode()
+        done = 0
+        while done < len(data):  # a regular file takes it whole, short of a full disk or a fatal signal
+            done += os.pwrite(self._fd, data[done:], self._end + done)
+        self._end += len(data) - len(CLOSE)
+        self._written += len(events)
 
     def _thread(self, name: str, members: list[int] | None = None) -> int:
         tid = self._threads.get(name)
         if tid is None:
             tid = self._threads[name] = 1_000_000 + len(self._threads)
             args = {"name": name} if members is None else {"name": name, "members": list(members)}
-            self._emit({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": args})
+            self._emit({"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid, "args": args})
         return tid
 
     def flush(self, final: bool = False) -> None:
-        """Format what is buffered and append it to the file. Events are written as JSON text built
+        """Format what is buffered and add it to the file. Events are written as JSON text built
         from per-name prefixes (json.dumps per event would cost ~4 µs a range; this is ~1 µs)."""
         if self._closed:
             return
@@ -173,20 +195,18 @@ class TraceRecorder:
                 self._op_events(*item[1:], spans, out)
         for what, t0, t1 in streamed:
             if what[0] == "op":
-                _, entry, group_rank, members = what
+                _, entry, members = what
                 tid = self._thread(f"stream: comm ({entry[GROUP]})", members)
-                self._op_span(entry, group_rank, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
+                self._op_span(entry, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
             else:
                 label = what[1]
-                out.append(json.dumps({"name": label.message, "cat": label.category, "ph": "X", "pid": self.rank,
+                out.append(json.dumps({"name": label.message, "cat": label.category, "ph": "X", "pid": self.pid,
                                        "tid": self._thread("stream: ranges"), "ts": round(self._us(t0), 3),
-                                       "dur": round((t1 - t0) / 1e3, 3)}, separators=(",", ":")) + ",\n")
+                                       "dur": round((t1 - t0) / 1e3, 3)}, separators=(",", ":")))
         self._in_flight(spans, out)
-        if out:
-            with self._lock:
-                if not self._closed:  # another thread may have closed it meanwhile (a failure's salvage)
-                    self._f.write("".join(out))
-                    self._f.flush()
+        with self._lock:
+            if not self._closed:  # another thread may have closed it meanwhile (a failure's salvage)
+                self._write(out)
         if self.on_idle is not None and threading.current_thread() is threading.main_thread():
             deferred, self.on_idle = self.on_idle, None
             deferred()
@@ -205,33 +225,27 @@ class TraceRecorder:
         hit = self._prefixes.get(label)
         if hit is None:
             head = (f'{{"name":{json.dumps(label.message)},"cat":"{label.category}","ph":"X",'
-                    f'"pid":{self.rank},"tid":{self._tid},"ts":')
-            tail = "},\n" if label.payload is None else f',"args":{{"bytes":{label.payload}}}}},\n'
+                    f'"pid":{self.pid},"tid":{self._tid},"ts":')
+            tail = "}" if label.payload is None else f',"args":{{"bytes":{label.payload}}}}}'
             hit = self._prefixes[label] = (head, tail)
         return hit
 
-    def _op_events(self, entry: tuple, group_rank: int, clock, members: list[int], spans: list,
-                   out: list) -> None:
+    def _op_events(self, entry: tuple, clock, members: list[int], spans: list, out: list) -> None:
         if clock.kind == "cuda" and not entry[HOST]:
             return  # CUDA-event stamps, with no stream spans to place them on
-        self._op_span(entry, group_rank, self._thread(f"comm ({entry[GROUP]})", members), self._us(entry[START]),
+        self._op_span(entry, self._thread(f"comm ({entry[GROUP]})", members), self._us(entry[START]),
                       (entry[END] - entry[START]) / 1e3, spans, out)
 
-    def _op_span(self, entry: tuple, group_rank: int, tid: int, ts: float, dur: float, spans: list,
+    def _op_span(self, entry: tuple, tid: int, ts: float, dur: float, spans: list,
                   out: list) -> None:
         name, nbytes, size, group = entry[NAME], entry[NBYTES], entry[GROUP_SIZE], entry[GROUP]
         seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
-        out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.rank},"tid":{tid},'
-                   f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}},\n')
+        # seq joins the op across its group's members: the merged file's flows (record/merge.py)
+        out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.pid},"tid":{tid},'
+                   f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}}')
         if nbytes:
             spans.append((ts, nbytes))
             spans.append((ts + dur, -nbytes))
-        if name in FLOWS and size > 1:
-            phase = "s" if group_rank == 0 else ("f" if group_rank == size - 1 else "t")
-            flow = zlib.crc32(f"{group}|{name}|{seq}".encode())
-            # the slice's own category: Chrome's DevTools panel binds a flow only to a slice of the same cat
-            out.append(f'{{"name":"{name}","cat":"comm","ph":"{phase}","id":{flow},"pid":{self.rank},'
-                       f'"tid":{tid},"ts":{ts:.3f},"bp":"e"}},\n')
 
     def _in_flight(self, spans: list, out: list) -> None:
         """The counter: payload bytes of this rank's ops in flight, stepping at every issue and completion
@@ -239,11 +253,11 @@ class TraceRecorder:
         level = 0
         for ts, delta in sorted(spans, key=lambda s: (s[0], s[1] > 0)):
             level += delta
-            out.append(f'{{"name":"bytes in flight","ph":"C","pid":{self.rank},"ts":{ts:.3f},'
-                       f'"args":{{"bytes":{level}}}}},\n')
+            out.append(f'{{"name":"bytes in flight","ph":"C","pid":{self.pid},"tid":{self._tid},"ts":{ts:.3f},'
+                       f'"args":{{"bytes":{level}}}}}')
 
     def close(self) -> None:
-        """Write what is buffered and end the JSON array. Safe to call twice."""
+        """Write what is buffered and a last event saying how many ranges were still open. Safe to call twice."""
         if self._closed:
             return
         self.flush(final=True)
@@ -251,9 +265,10 @@ class TraceRecorder:
             if self._closed:
                 return
             self._closed = True
-            self._f.write(json.dumps({"name": "trace_end", "ph": "M", "pid": self.rank, "tid": 0,
-                                      "args": {"open_ranges": len(self._stack)}}) + "\n]\n")
-            self._f.close()
+            self._emit({"name": "trace_end", "ph": "M", "pid": self.pid, "tid": 0,
+                        "args": {"open_ranges": len(self._stack)}})
+            self._write([])
+            os.close(self._fd)
 
 
 def start(comm, directory: str | Path) -> TraceRecorder:
@@ -306,34 +321,4 @@ def finish(comm, trace: TraceRecorder, directory: str | Path) -> Path | None:
     texts = comm.gather_object(text, dst=0) if comm is not None else [text]
     if texts is None:
         return None
-    return write_merged(Path(directory), [_parse(t) for t in texts], trace.clocks)
-
-
-def load(path: str | Path) -> list[dict]:
-    """A per-rank file's events, whether it was closed or cut short."""
-    return _parse(Path(path).read_text())
-
-
-def _parse(text: str) -> list[dict]:
-    body = text.rstrip()
-    if not body.endswith("]"):
-        body = body.rstrip(",") + "\n]"
-    return json.loads(body)
-
-
-def write_merged(directory: Path, per_rank: list[list[dict]], clocks: dict | None) -> Path:
-    events = [e for rank in per_rank for e in rank]
-    path = directory / "trace.json"
-    doc = {"traceEvents": events, "displayTimeUnit": "ms",
-           "otherData": {"producer": "commprof", "clock_sync": clocks}}
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    return path
-
-
-def merge(directory: str | Path) -> Path:
-    """Rebuild DIR/trace.json from DIR/rank*.trace.json (e.g. after a killed run)."""
-    directory = Path(directory)
-    files = sorted(directory.glob("rank*.trace.json"), key=lambda p: int(p.name[4:].split(".")[0]))
-    per_rank = [load(p) for p in files if p.stat().st_size]  # a rank killed while opening its file
-    clocks = [e["args"] for rank in per_rank for e in rank if e.get("name") == "clock_sync"]
-    return write_merged(directory, per_rank, {"ranks": clocks} if clocks else None)
+    return write_merged(Path(directory), [parse(t) for t in texts], trace.clocks)

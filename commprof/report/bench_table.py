@@ -9,6 +9,13 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from commprof.report.fit import Narrowing
+
+NARROW_DROP = ("count", "redop", "root", "p99 (us)", "algbw (GB/s)", "type", "steps", "α–β model (us)",
+               "sent/rank (B)", "slowest rank")
+"""The columns a narrow terminal goes without, first to last: kept are the size, each mode's time, busbw and
+#wrong, and time/model."""
+
 
 def ranks_key(rec: dict) -> tuple[int, int, str]:
     """(ranks in each group, groups measuring at once, host level) of a bench record: (world size, 1, "")
@@ -34,6 +41,8 @@ def header(env: dict) -> Text:
     text.append(f"\ndevices: {', '.join(devices)}")
     if env.get("mpi_library"):
         text.append(f"\nMPI: {env['mpi_library']}")
+    if (env.get("allocator") or {}).get("huge_pages"):
+        text.append("\nhuge pages: torch's large CPU buffers on transparent huge pages (THP_MEM_ALLOC_ENABLE=1)")
     if env["oversubscribed"]:
         unit = "GPUs" if env["backend"] == "nccl" else "cores"
         text.append(f"\nOVERSUBSCRIBED: {env['ranks_per_host']} ranks share {env['slots_per_host']} {unit} "
@@ -53,8 +62,9 @@ def _wrong(rec: dict | None) -> Text:
     return Text(str(rec["wrong"]), style="bold red" if rec["wrong"] else "green")
 
 
-def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> Table:
-    """One table for one collective; records of both modes, in measurement order."""
+def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> Narrowing:
+    """One table for one collective; records of both modes, in measurement order. Drawn narrower than its
+    columns need, it leaves out NARROW_DROP's, in order, and says so."""
     rows: dict[tuple, dict[bool, dict]] = {}
     for rec in records:
         rows.setdefault((rec["dtype"], rec["redop"], rec["nbytes"]), {})[rec["inplace"]] = rec
@@ -72,7 +82,7 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
     if not barrier:
         for name in ("size (B)", "count", "type", "redop", "root"):
             table.add_column(name, justify="right" if name != "type" else "left")
-    for group, inplace in (("out-of-place", False), ("in-place", True)) if not barrier else (("", False),):
+    for group, inplace in (("out of place", False), ("in place", True)) if not barrier else (("", False),):
         table.add_column(f"{group}\ntime (us)", justify="right")
         if not barrier:
             for name in ("algbw (GB/s)", "busbw (GB/s)", "#wrong"):
@@ -97,7 +107,7 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
             cells += _model_cells(ref)
         cells += [_num(ref["p99_us"]), str(ref["slowest_rank"])]
         table.add_row(*cells)
-    return table
+    return Narrowing(table, NARROW_DROP)
 
 
 def _model_cells(rec: dict) -> list:

@@ -1,7 +1,8 @@
 """`commprof report FILE.json [FILE.json …]`: the tables and plots of saved results, without running
 anything. One bench file: its tables as bench printed them (and a scaling table across rank counts);
 several: side by side, each over the first (two backends, two machines, before/after). Run files and
-grid files: one comparison table, a row per configuration.
+grid files: one comparison table, a row per configuration. Each PNG of --plot is said on stderr
+(`plot: plots/bench-all_reduce.png`).
 
     commprof report grid.json --plot plots/
     commprof report gloo.json mpi.json
@@ -16,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.files import said
 from commprof.report.inputs import read_json, wrong_shape
 
 NOT_OURS = "not a commprof result"
@@ -70,7 +72,9 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
     from rich.console import Console
 
     from commprof.report import compare
+    from commprof.report.bench_summary import summarize, summary_table
     from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key
+    from commprof.report.fit import results_console
 
     if link is not None and any(k == "run" or d.get("command") == "run" for _, k, d in loaded):
         raise UsageError("--link-rate is drawn on bench figures; these are run results")
@@ -78,7 +82,7 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
     if len(kinds) > 1:
         raise UsageError("report takes bench results or run results, not both: "
                          + ", ".join(f"{p} ({k})" for p, k, _ in loaded))
-    out = Console(width=None if Console().is_terminal else 220)
+    out = results_console(width=220)
     if args.markdown and kinds == {"bench"}:
         raise UsageError("--markdown writes the run comparison table; these are bench results")
     if kinds == {"bench"}:
@@ -88,19 +92,23 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
                 out.print(header(docs[0]["env"]))
             by_coll: dict = {}
             for rec in docs[0]["results"]:
-                by_coll.setdefault(rec["collective"], []).append(rec)
-            for coll, records in by_coll.items():
+                by_coll.setdefault((rec["collective"], rec.get("root")), []).append(rec)  # -r all: per root
+            for (coll, _), records in by_coll.items():
                 out.print(bench_table(coll, records))
                 out.print(f"# {coll} avg bus bandwidth: {avg_busbw(records):.3f} GB/s")
             if len({ranks_key(r) for r in docs[0]["results"]}) > 1:
                 for table in compare.scaling_tables(docs[0]["results"]):
                     out.print(table)
+            rows = summarize(docs[0]["results"])
+            if rows:
+                out.print(summary_table(rows))
         else:
             out.print(compare.side_by_side([p for p, _, _ in loaded], docs)[1])
         if args.plot:
             from commprof.report import plots
 
-            plots.bench_plots([r for d in docs for r in d["results"]], args.plot, link_GBps=link)
+            for path in plots.bench_plots([r for d in docs for r in d["results"]], args.plot, link_GBps=link):
+                said("plot", path)
         return 0
     runs, grid = [], {}
     for path, kind, doc in loaded:
@@ -112,5 +120,6 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
     if args.markdown:
         print(compare.run_markdown(compare.run_rows(runs)), end="")
         out = Console(quiet=True)  # the plots only
-    compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out)
+    for path in compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out):
+        said("plot", path)
     return 0

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from commprof.report.bench_table import ranks_key, ranks_label
 from commprof.report.files import write_atomic, write_result
+from commprof.report.fit import results_console
 from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
@@ -196,7 +197,7 @@ def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]
 def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = None,
            plot_dir: str | None = None, link_GBps: float | None = None, console: Console | None = None) -> dict:
     """A grid document's tables on stdout, and its files; returns the plots' data ({} without --plot)."""
-    out = console or Console(width=None if Console().is_terminal else 220)
+    out = console or results_console(width=220)
     if doc["command"] == "bench":
         for table in scaling_tables(doc["results"]):
             out.print(table)

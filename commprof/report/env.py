@@ -25,6 +25,21 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def allocator() -> dict:
+    """What decides where torch's buffers live, as rank 0 has it: huge pages change a large op's time (TLB
+    misses) and the compute around it. `huge_pages`: torch's CPU allocator puts buffers of 2 MiB and more on
+    transparent huge pages (THP_MEM_ALLOC_ENABLE=1, commprof's --huge-pages); `transparent_hugepage`: the
+    kernel's mode (always, madvise or never; None where it cannot be read)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        mode = None
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE")
+    return {"huge_pages": thp == "1" and mode != "never", "THP_MEM_ALLOC_ENABLE": thp, "transparent_hugepage": mode,
+            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+
+
 def local_env(device: torch.device) -> dict:
     """What this rank can say about itself."""
     if device.type == "cuda":
@@ -58,6 +73,7 @@ def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_
         "command": argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    env["allocator"] = allocator()
     if backend == "nccl":
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     if backend == "mpi":

@@ -7,6 +7,10 @@ written through, and a symlink is followed to the file it names. A written file 
 `check_outputs` checks every output path of a command before any rank starts: a folder where a file is
 wanted, a parent that is a file, a folder that cannot be written in, two flags naming one file.
 
+Every file a command writes for the user is said once, on stderr, in the form `--trace` uses: `json: PATH`,
+`csv: PATH`, `plot: PATH` (`said`): write_result and write_csv say theirs when they write the final file, not
+the snapshots of a job still going.
+
 Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py`.
 """
 
@@ -17,6 +21,7 @@ import io
 import json
 import os
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,21 @@ class OutputError(CommprofError):
 CSV_COLUMNS = ("collective", "algo", "backend", "world_size", "group_size", "groups", "dtype", "redop", "root",
                "inplace", "nbytes", "count", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "time_us_min_rank",
                "time_us_max_rank",
-               "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us")
+               "slowest_rank", "p50_us", "p99_us", "min_us", "max_us", "model_us",
+               "agg", "iters", "warmup", "agg_iters", "blocking", "check_iters")
+"""bench's CSV: a row per JSON record. nccl-tests' columns (size, count, type, redop, root, time, algbw, busbw,
+#wrong, with the mode a column of its own), commprof's statistics, then what -a, -n, -w, -m, -z and -c asked."""
+
+SCRATCH_ENV = "COMMPROF_SCRATCH_JSON"
+"""A --json path a command gave its own child (one job with --plot and no --json): not the user's, not said."""
+
+
+def said(kind: str, path: str | Path) -> None:
+    """One line on stderr naming a file written for the user: `json: out.json`."""
+    if kind == "json" and os.environ.get(SCRATCH_ENV) == str(path):
+        return
+    sys.stderr.write(f"{kind}: {path}\n")
+    sys.stderr.flush()
 
 
 def write_atomic(path: str | Path, text: str, *, sync: bool = True, snapshot: bool = False) -> None:
@@ -125,10 +144,13 @@ def _writable(flag: str, value: str, folder: str) -> None:
         raise UsageError(f"{flag} {value}: cannot write in {folder} ({exc.strerror or exc})") from None
 
 
-def write_result(path: str | Path, doc: dict, *, snapshot: bool = False) -> None:
-    """Every command's JSON document, written one way: indented, atomically. `snapshot`: the results of a
-    job still going (not synced to disk, skipped for a device or a pipe)."""
+def write_result(path: str | Path, doc: dict, *, snapshot: bool = False, say: bool = True) -> None:
+    """Every command's JSON document, written one way: indented, atomically, and said (`json: PATH`) unless
+    `snapshot` — the results of a job still going (not synced to disk, skipped for a device or a pipe) — or
+    `say` is False, or the document is marked incomplete: a failed job says one line, its error."""
     write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=not snapshot, snapshot=snapshot)
+    if say and not snapshot and doc.get("complete") is not False:
+        said("json", path)
 
 
 def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,
@@ -151,15 +173,20 @@ def mark_incomplete(path: str | Path, reason: str) -> None:
     if not isinstance(doc, dict) or doc.get("complete") is True:
         return
     doc = {"complete": False, "reason": reason, **{k: v for k, v in doc.items() if k not in ("complete", "reason")}}
-    write_result(path, doc)
+    write_result(path, doc, say=False)  # the rank that wrote it said so
 
 
-def write_csv(path: str | Path, results: list[dict], *, snapshot: bool = False) -> None:
+def write_csv(path: str | Path, results: list[dict], *, snapshot: bool = False,
+              columns: tuple[str, ...] = CSV_COLUMNS, say: bool = True) -> None:
+    """A row per dict, `columns` only (bench's by default), said (`csv: PATH`) unless `snapshot` or `say` is
+    False."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(results)
     write_atomic(path, buf.getvalue(), sync=not snapshot, snapshot=snapshot)
+    if say and not snapshot:
+        said("csv", path)
 
 
 @dataclass(frozen=True)
@@ -171,7 +198,7 @@ class Outputs:
     json: str | None = None
     """--json: env and results as JSON, rewritten as they arrive and marked complete at the end."""
     csv: str | None = None
-    """--csv: results as CSV (bench)."""
+    """--csv: results as CSV (bench: a row per result; run: a row of the run's figures)."""
     trace: str | None = None
     """--trace: the folder of the per-rank Chrome traces and the merged trace.json."""
     debug_dump: str | None = None

@@ -3,21 +3,24 @@
 `bench_plots` draws one figure per collective: bus bandwidth and time against size, one curve per series of
 records. `run_plots` draws the time split of an iteration per run, how comm, compute, throughput and payload
 move with one factor of the configuration, and the loss curves. Each returns, per file, the numbers it drew,
-as plain data, so a caller can check a figure against the report it came from. matplotlib is imported only
-when a plot is drawn, with the Agg backend, so no display is needed and importing this module stays cheap.
+as plain data, and with `keep` the Figures themselves, so a caller can check a figure against the report it
+came from. figures.py holds what the plots share: markers, identical lines, legends clear of the data.
+matplotlib is imported only when a plot is drawn, with the Agg backend, so importing this module stays cheap.
 
-Exercised by: `pytest tests/test_plots.py`.
+Exercised by: `pytest tests/test_plots.py tests/test_plot_artists.py`.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 from commprof.report.bench_table import ranks_key, ranks_label
+from commprof.report.figures import DPI, draw_lines
+from commprof.report.figures import color as _color
+from commprof.report.figures import figure as _figure
 from commprof.report.units import format_bytes
 
-DPI = 100
+__all__ = ["DPI", "bench_plots", "run_plots", "_color", "_figure"]  # predict/command.py draws with the last two
 BENCH_SIZE = (10.0, 4.5)
 ITERATION_SIZE = (8.0, 4.5)
 FACTOR_SIZE = (10.0, 7.5)
@@ -34,30 +37,9 @@ PANELS = (("comm_ms", "comm time", "ms per iteration"), ("compute_ms", "compute 
 """The factor plot's panels: key, title, y unit (throughput's unit comes from the reports)."""
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: never needs a display, and works the same over ssh and in CI
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _color(i: int) -> str:
-    return f"C{i % 10}"  # the default cycle has ten colors; C10 is no color name
-
-
-@contextmanager
-def _figure(path: Path, size: tuple[float, float], nrows: int = 1, ncols: int = 1):
-    """A figure to draw on; saved to `path` when the block ends, and closed even when drawing fails."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(nrows, ncols, figsize=size, dpi=DPI, squeeze=False)
-    try:
-        yield fig, axes
-        fig.tight_layout()
-        fig.savefig(path, dpi=DPI)  # explicit: a matplotlibrc's savefig.dpi would change the pixel size
-    finally:
-        plt.close(fig)
+def _legend_labels(ax) -> list[str]:
+    legend = ax.get_legend()
+    return [] if legend is None else [t.get_text() for t in legend.get_texts()]
 
 
 # ---------------------------------------------------------------------------------------------------- bench
@@ -83,22 +65,25 @@ def _bytes_axis(ax) -> None:
 
     # sizes are powers of two: base-2 ticks land on them, and '64 KiB' reads better than 6.6e4
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=6))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_bytes(int(round(x)))))
 
 
-def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None) -> dict[str, dict]:
+def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None,
+                keep: dict | None = None) -> dict[str, dict]:
     """One PNG per collective, folder/bench-<collective>.png: bus bandwidth (GB/s) and time (µs) against size
     (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace), where ranks
     is the group size and how many groups measured at once (report/bench_table.py's ranks_key).
 
     A label names only what differs between the collective's series ("1 rank", "2 ranks"); what they share
     goes in the title. Points a log axis cannot show (a value <= 0, as the bus bandwidth of one rank) are left
-    out of that panel. `link_GBps` draws a dashed "link" line on the bandwidth panel.
+    out of that panel. `link_GBps` draws a dashed "link" line on the bandwidth panel. `keep` (a dict) receives
+    each Figure under its path.
 
     Returns {path: {"collective", "series": {label: {"nbytes", "time_us", "busbw_nbytes", "busbw_GBps"}},
-    "link_GBps", "busbw_not_drawn"}}: per series the time panel's points and the bandwidth panel's, each
-    sorted by nbytes, and the labels of series with no point on the bandwidth panel.
+    "link_GBps", "busbw_not_drawn", "legend": {"busbw", "time": [entries]}}}: per series the time panel's
+    points and the bandwidth panel's, each sorted by nbytes, the labels of series with no point on the
+    bandwidth panel, and each panel's legend entries ([] without a legend).
     """
     if link_GBps is not None and not link_GBps > 0:
         raise ValueError(f"link_GBps must be a positive rate, not {link_GBps!r}: the axis is logarithmic")
@@ -121,16 +106,16 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
                                  "busbw_nbytes": [r["nbytes"] for r in moved],
                                  "busbw_GBps": [r["busbw_GBps"] for r in moved]}
         missing = [label for label, d in data.items() if not d["busbw_GBps"]]
+        index = {label: i for i, label in enumerate(data)}  # one color and marker per series on both panels
         path = folder / f"bench-{collective}.png"
-        with _figure(path, BENCH_SIZE, ncols=2) as (fig, axes):
+        with _figure(path, BENCH_SIZE, ncols=2, keep=keep) as (fig, axes):
             from matplotlib.ticker import LogFormatter
 
             bw, tm = axes[0]
-            for i, (label, d) in enumerate(data.items()):
-                color = _color(i)  # one color per series on both panels, even where a panel skips it
-                if d["busbw_GBps"]:
-                    bw.plot(d["busbw_nbytes"], d["busbw_GBps"], "o-", color=color, markersize=4, label=label)
-                tm.plot(d["nbytes"], d["time_us"], "o-", color=color, markersize=4, label=label)
+            draw_lines(bw, {label: (d["busbw_nbytes"], d["busbw_GBps"]) for label, d in data.items()
+                            if d["busbw_GBps"]}, index=index, markersize=4)
+            draw_lines(tm, {label: (d["nbytes"], d["time_us"]) for label, d in data.items()}, index=index,
+                       markersize=4)
             if link_GBps is not None:
                 bw.axhline(link_GBps, linestyle="--", color="gray", label=f"link {link_GBps:g} GB/s")
             for ax, title, ylabel in ((bw, "bus bandwidth", "bus bandwidth (GB/s)"), (tm, "time", "time (µs)")):
@@ -150,7 +135,8 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
             tm.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
             fig.suptitle(f"{collective}: {shared}" if shared else collective)
         drawn[str(path)] = {"collective": collective, "series": data, "link_GBps": link_GBps,
-                            "busbw_not_drawn": missing}
+                            "busbw_not_drawn": missing,
+                            "legend": {"busbw": _legend_labels(bw), "time": _legend_labels(tm)}}
     return drawn
 
 
@@ -172,35 +158,58 @@ def _groups(runs: list[dict], factor: str) -> dict[str, list[dict]]:
     return groups
 
 
-def _iteration_plot(runs: list[dict], path: Path) -> dict:
+def _stack(summary: dict) -> tuple[float, dict[str, float]]:
+    """(scale, {segment key: ms}) of one run's bar, whose parts add up to the table's wall_ms.
+
+    Each part is a median over iterations, as the table's wall is, but of other iterations: their sum can
+    pass the median wall. Then every part is scaled by the same factor (< 1) and nothing is left over;
+    otherwise the parts are the table's own figures and "other" is what they leave of the wall."""
+    wall = summary["wall_ms"]
+    total = sum(summary[k] for k in MEASURED)
+    scale = wall / total if total > wall else 1.0
+    parts = {k: summary[k] * scale for k in MEASURED}
+    parts["other_ms"] = max(0.0, wall - sum(parts.values())) if scale == 1.0 else 0.0
+    return scale, parts
+
+
+def _iteration_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
     labels = [run["label"] for run in runs]
-    segments: dict[str, list[float]] = {key: [] for key, _ in SEGMENTS}
-    for run in runs:
-        s = run["result"]["summary"]
-        for key in MEASURED:
-            segments[key].append(s[key])
-        # what the four parts leave of the wall time: host work between phases, timing gaps
-        segments["other_ms"].append(max(0.0, s["wall_ms"] - sum(s[k] for k in MEASURED)))
-    with _figure(path, ITERATION_SIZE) as (fig, axes):
+    walls = [run["result"]["summary"]["wall_ms"] for run in runs]
+    stacks = [_stack(run["result"]["summary"]) for run in runs]
+    scale = [f for f, _ in stacks]
+    # a part no run has would be an empty legend entry
+    segments = {key: [parts[key] for _, parts in stacks] for key, _ in SEGMENTS
+                if any(parts[key] > 0 for _, parts in stacks)}
+    with _figure(path, ITERATION_SIZE, keep=keep) as (fig, axes):
         ax = axes[0][0]
         bottom = [0.0] * len(runs)
         for i, (key, name) in enumerate(SEGMENTS):
-            ax.bar(labels, segments[key], bottom=bottom, label=name, color=_color(i), width=0.6)
-            bottom = [b + v for b, v in zip(bottom, segments[key])]
-        ax.set_title("Time per iteration, split by phase")
+            if key in segments:
+                ax.bar(labels, segments[key], bottom=bottom, label=name, color=_color(i), width=0.6)
+                bottom = [b + v for b, v in zip(bottom, segments[key])]
+        for x, (wall, f) in enumerate(zip(walls, scale)):
+            # the table's figure, as the table prints it, on the bar it tops
+            note = f"{wall:,.2f}" + (f"\nparts ×{f:.3g}" if f < 1.0 else "")
+            ax.annotate(note, (x, wall), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=8)
+        ax.set_ylim(0, 1.2 * max(walls) if max(walls) > 0 else 1.0)  # room for the labels over the bars
+        ax.set_title("Time per iteration, split by phase (top: wall ms)")
         ax.set_xlabel("run")
         ax.set_ylabel("ms per iteration")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
-        if len(runs) > 4:
+        if segments:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
+        if len(runs) > 4:  # long labels, slanted and ending under their bar
             ax.tick_params(axis="x", labelrotation=20)
-    return {"labels": labels, "segments": segments}
+            for tick in ax.get_xticklabels():
+                tick.set_horizontalalignment("right")
+    return {"labels": labels, "wall_ms": walls, "scale": scale, "segments": segments, "legend": _legend_labels(ax)}
 
 
 def _payload_MiB(result: dict) -> float:
     return sum(v["bytes_per_epoch"] for v in result["volume"].values()) / 2**20
 
 
-def _factor_plot(runs: list[dict], factor: str, path: Path) -> dict:
+def _factor_plot(runs: list[dict], factor: str, path: Path, keep: dict | None) -> dict:
     units = sorted({run["result"]["summary"]["throughput_unit"] for run in runs})
     ylabels = {key: f"{title} ({unit or ' / '.join(units)})" for key, title, unit in PANELS}
     panels: dict[str, dict[str, dict]] = {key: {} for key, _, _ in PANELS}
@@ -214,11 +223,11 @@ def _factor_plot(runs: list[dict], factor: str, path: Path) -> dict:
         for key in panels:
             panels[key][label] = {"x": x, "y": values[key]}
     xs = sorted({run["config"][factor] for run in runs})
-    with _figure(path, FACTOR_SIZE, nrows=2, ncols=2) as (fig, axes):
+    legends = {}
+    with _figure(path, FACTOR_SIZE, nrows=2, ncols=2, keep=keep) as (fig, axes):
         for ax, (key, title, _) in zip(axes.flat, PANELS):
-            for i, (label, line) in enumerate(panels[key].items()):
-                # unclipped: a point at 0 (no comm on one rank) would hide half under the axis
-                ax.plot(line["x"], line["y"], "o-", color=_color(i), label=label, clip_on=False)
+            # unclipped: a point at 0 (no comm on one rank) would hide half under the axis
+            draw_lines(ax, {label: (line["x"], line["y"]) for label, line in panels[key].items()}, clip_on=False)
             ax.set_title(title)
             ax.set_xlabel(factor)
             if len(xs) <= 12:  # few values: tick each one the runs used, not numbers no run had
@@ -229,20 +238,21 @@ def _factor_plot(runs: list[dict], factor: str, path: Path) -> dict:
             if len(panels[key]) > 1:
                 ax.legend(fontsize=8)
         fig.suptitle(f"Effect of {factor}")
-    return {"factor": factor, "panels": panels, "ylabels": ylabels}
+    for ax, (key, _, _) in zip(axes.flat, PANELS):
+        legends[key] = _legend_labels(ax)
+    return {"factor": factor, "panels": panels, "ylabels": ylabels, "legend": legends}
 
 
-def _loss_plot(runs: list[dict], path: Path) -> dict:
+def _loss_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
     lines = {}
     for run in runs:
         loss = list(run["result"]["metrics"]["loss"])
         lines[run["label"]] = {"step": list(range(1, len(loss) + 1)), "loss": loss}
-    with _figure(path, LOSS_SIZE) as (fig, axes):
+    with _figure(path, LOSS_SIZE, keep=keep) as (fig, axes):
         from matplotlib.ticker import MaxNLocator
 
         ax = axes[0][0]
-        for i, (label, line) in enumerate(lines.items()):
-            ax.plot(line["step"], line["loss"], "o-", color=_color(i), markersize=3, label=label)
+        same = draw_lines(ax, {label: (line["step"], line["loss"]) for label, line in lines.items()})
         ax.set_title("Training loss")
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -250,20 +260,24 @@ def _loss_plot(runs: list[dict], path: Path) -> dict:
         ax.grid(True, alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=8)
-    return {"lines": lines}
+    return {"lines": lines, "identical_to": same, "legend": _legend_labels(ax)}
 
 
-def run_plots(runs: list[dict], folder: str | Path, *, factor: str | None = None) -> dict[str, dict]:
+def run_plots(runs: list[dict], folder: str | Path, *, factor: str | None = None,
+              keep: dict | None = None) -> dict[str, dict]:
     """Plots comparing `commprof run` reports; `runs` is [{"label", "config": {flag: value}, "result": doc}].
 
     folder/run-iteration.png: a stacked bar per run — data, compute, exposed comm, bubble and the rest of
-    wall_ms. folder/run-<factor>.png, only when every run's config[factor] is a number: comm time, compute
-    time, throughput and payload per epoch against the factor, one line per group of runs that agree on every
-    other config key. folder/run-loss.png: loss per step, one line per run.
+    wall_ms — topped with wall_ms, parts that have no data left out (see _stack for parts that pass the wall).
+    folder/run-<factor>.png, only when every run's config[factor] is a number: comm time, compute time,
+    throughput and payload per epoch against the factor, one line per group of runs that agree on every other
+    config key. folder/run-loss.png: loss per step, one line per run. `keep` (a dict) receives each Figure
+    under its path.
 
-    Returns {path: data}: {"labels", "segments": {key: [ms per run]}} for the iteration plot,
-    {"factor", "panels": {key: {group: {"x", "y"}}}, "ylabels"} for the factor plot, and
-    {"lines": {label: {"step", "loss"}}} for the loss plot.
+    Returns {path: data}: {"labels", "wall_ms", "scale", "segments": {key: [ms per run]}, "legend"} for the
+    iteration plot, {"factor", "panels": {key: {group: {"x", "y"}}}, "ylabels", "legend": {key: entries}} for
+    the factor plot, and {"lines": {label: {"step", "loss"}}, "identical_to": {label: label or None},
+    "legend"} for the loss plot.
     """
     labels = [run["label"] for run in runs]
     if len(set(labels)) != len(labels):
@@ -274,10 +288,10 @@ def run_plots(runs: list[dict], folder: str | Path, *, factor: str | None = None
     if not runs:
         return drawn
     path = folder / "run-iteration.png"
-    drawn[str(path)] = _iteration_plot(runs, path)
+    drawn[str(path)] = _iteration_plot(runs, path, keep)
     if factor is not None and all(_is_number(run["config"].get(factor)) for run in runs):
         path = folder / f"run-{factor}.png"
-        drawn[str(path)] = _factor_plot(runs, factor, path)
+        drawn[str(path)] = _factor_plot(runs, factor, path, keep)
     path = folder / "run-loss.png"
-    drawn[str(path)] = _loss_plot(runs, path)
+    drawn[str(path)] = _loss_plot(runs, path, keep)
     return drawn

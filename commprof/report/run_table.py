@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from commprof.report.fit import Narrowing
 from commprof.report.units import format_bytes
 
 COLUMNS = (("wall_ms", "wall ms"), ("data_ms", "data ms"), ("compute_ms", "compute ms"),
@@ -29,7 +30,8 @@ def _header(doc: dict) -> Text:
     return text
 
 
-def time_table(doc: dict) -> Table:
+def time_table(doc: dict) -> Narrowing:
+    """Per rank and across ranks; a narrow terminal goes without peak RSS, peak mem and overlap ms first."""
     s = doc["summary"]
     columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") or s["bubble_ms"] > 0 else ())
     table = Table(title="time per iteration", title_justify="left")
@@ -48,7 +50,7 @@ def time_table(doc: dict) -> Table:
             table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "",
                           style="bold" if stat == "avg" else "")
         table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in columns], "", "", style="dim")
-    return table
+    return Narrowing(table, ("peak RSS", "peak mem", "overlap ms", "data ms"))
 
 
 def group_table(doc: dict) -> Table | None:
@@ -92,10 +94,11 @@ def pipeline_tables(doc: dict) -> list:
                             style="green" if ok_a else "yellow"),
                        format_bytes(b["grad_bytes_per_step"]),
                        Text(format_bytes(b["predicted_grad_bytes_per_step"]), style="green" if ok_g else "yellow"))
-    return [stages, bounds]
+    return [Narrowing(stages, ("peak act", "act/micro", "in flight", "peak mem", "schedule ms")),
+            Narrowing(bounds, ("shape/micro", "dtype", "bytes/micro"))]
 
 
-def volume_table(doc: dict) -> Table:
+def volume_table(doc: dict) -> Narrowing:
     table = Table(title="transfer volume per rank (measured vs predicted)", title_justify="left")
     for label in ("op", "calls/step", "payload/step", "predicted", "wire/step", "predicted wire",
                   "payload/epoch", "wire/epoch"):
@@ -108,7 +111,7 @@ def volume_table(doc: dict) -> Table:
                       format_bytes(v["bytes_per_epoch"]), format_bytes(v["wire_bytes_per_epoch"]))
     if not doc["volume"]:
         table.add_row("(none)", "0", "0 B", "0 B", "0 B", "0 B", "0 B", "0 B")
-    return table
+    return Narrowing(table, ("wire/epoch", "payload/epoch", "predicted wire"))
 
 
 def metrics_text(doc: dict) -> Text:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from commprof.report.fit import Narrowing
 from commprof.report.run_table import group_table, time_table
 from commprof.report.units import format_bytes
 
@@ -26,7 +27,7 @@ def _header(doc: dict) -> Text:
     return text
 
 
-def volume_table(doc: dict) -> Table:
+def volume_table(doc: dict) -> Narrowing:
     table = Table(title=f"transfer volume per rank (rank 0; {doc['steps']['per_epoch']} iterations per epoch)",
                   title_justify="left")
     for label in ("op", "calls/iteration", "payload/iteration", "wire/iteration", "payload/epoch", "wire/epoch"):
@@ -37,7 +38,7 @@ def volume_table(doc: dict) -> Table:
                       format_bytes(v["wire_bytes_per_epoch"]))
     if not doc["volume"]:
         table.add_row("(none)", "0", "0 B", "0 B", "0 B", "0 B")
-    return table
+    return Narrowing(table, ("wire/epoch", "payload/epoch"))
 
 
 def outside_table(doc: dict) -> Table | None:

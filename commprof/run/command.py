@@ -3,6 +3,7 @@ how many bytes cross ranks.
 
     commprof run --strategy ddp --model resnet18 --nproc 2
     commprof run --strategy fsdp --model gpt2-tiny --data text --data-dir input.txt --steps 20 --json out.json
+    commprof run --strategy ddp --nproc 2 --steps 10 --csv ddp.csv      # one row: a grid's columns, one run
     commprof run --strategy single --model mnist-cnn --batch-size 128 --save-state single.pt
     commprof run --list-models
 
@@ -72,6 +73,7 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--loss-threshold", type=float, help="report the first step at or below this loss")
     p.add_argument("--eval-samples", type=int, default=1000, help="held-out samples for accuracy (default 1000)")
     flags.add_job_flags(p, nproc="one per core or GPU; single: 1", json="every figure per rank per iteration")
+    p.add_argument("--csv", metavar="PATH", help="the run's figures as one CSV row (a grid's columns)")
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--torch-profiler", metavar="DIR",
@@ -146,7 +148,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
-        eval_samples=args.eval_samples, timeout_s=args.timeout, save_state=args.save_state,
+        eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
         out=Outputs.from_args(args))
 
@@ -215,14 +217,14 @@ class _Run(lifecycle.Command):
     @staticmethod
     def report(cfg: RunConfig, rank: Rank, results: list) -> int:
         from commprof.record.contention import note
+        from commprof.report.fit import results_console
         from commprof.report.run_table import run_tables
         from commprof.run.results import combine
 
         if rank.contention is not None:
             rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
-        out = Console()
-        console = out if out.is_terminal else Console(width=200)
+        console = results_console()
         for table in run_tables(doc):
             console.print(table)
         said = note(rank.env.get("contention"))
@@ -230,6 +232,12 @@ class _Run(lifecycle.Command):
             console.print(said, highlight=False)
         if cfg.out.json:
             files.write_result(cfg.out.json, {"complete": True, **doc})
+        if cfg.out.csv:
+            from commprof.report.compare import RUN_COLUMNS, run_row
+
+            row = run_row({"label": cfg.strategy, "config": {}, "result": doc})
+            files.write_csv(cfg.out.csv, [{"strategy": cfg.strategy, "nproc": rank.world.world_size, **row}],
+                            columns=("strategy", "nproc", *RUN_COLUMNS[1:]))
         return 0
 
 

@@ -83,6 +83,9 @@ class RunConfig:
     """Held-out samples to measure accuracy on after training (0: none)."""
     timeout_s: float = TIMEOUT_S
     """Seconds a rank may wait on its peers."""
+    huge_pages: bool = False
+    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
+    the environment has it."""
     save_state: str | None = None
     """Write the final full model state_dict here (rank 0)."""
     nproc: int | None = None

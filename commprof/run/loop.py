@@ -21,6 +21,7 @@ from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.phases import Phases
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
+from commprof.report.progress import StepProgress
 from commprof.run import kineto
 from commprof.run.config import RunConfig
 from commprof.strategies import CATALOG
@@ -87,7 +88,8 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
     iterations, losses, volumes = [], [], []
     spec.module.train()
     measured = ANNOTATOR.label(MEASURED, "iteration")
-    with kineto.profiler(cfg.torch_profiler, comm, device, total) as prof:
+    progress = StepProgress("iteration", total, show=comm is None or comm.rank == 0)
+    with kineto.profiler(cfg.torch_profiler, comm, device, steps=total, warmup=cfg.warmup) as prof, progress:
         for t in range(total):
             if t == cfg.warmup:
                 ANNOTATOR.push(measured)
@@ -114,6 +116,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
                     on_step(iterations)
             recorder.clear()
             kineto.step(prof)
+            progress.advance(split.wall_ns * MS)
     ANNOTATOR.pop()  # measured
     result = {
         "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss,

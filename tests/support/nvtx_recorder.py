@@ -11,6 +11,7 @@ Library use (e.g. from tests, after ``sys.path.insert(0, "<repo>/tools")``)::
     env = nvtx_recorder.recorder_env(lib, tmp_path / "rec")
     subprocess.run([sys.executable, "script.py"], env=env, check=True)
     records = nvtx_recorder.read_records(tmp_path / "rec")
+    ranges = nvtx_recorder.start_end_ranges(records)      # start/end ranges, paired, with durations
 
 Command line (prints ranges per domain/category/message; --chrome also writes the recording as a
 Chrome Trace Event file, the format of `commprof … --trace`, one process per recorded pid)::
@@ -165,6 +166,22 @@ def unbalanced(records: list[dict]) -> dict:
     return {k: v for k, v in open_.items() if v or k in bad}
 
 
+def start_end_ranges(records: list[dict]) -> list[dict]:
+    """Every start/end range, its start record paired with its end by (pid, range id), in start order: the
+    start record plus ``end_tid`` and ``dur_ns`` (both None for a range never ended). The end may come from
+    another thread than the start, as NVTX allows."""
+    ranges, started = [], {}
+    for r in records:
+        if r["kind"] == "start":
+            started[(r["pid"], r["range_id"])] = r = dict(r, end_tid=None, dur_ns=None)
+            ranges.append(r)
+        elif r["kind"] == "end":
+            opened = started.pop((r["pid"], r["range_id"]), None)
+            if opened is not None:
+                opened.update(end_tid=r["tid"], dur_ns=r["ts_ns"] - opened["ts_ns"])
+    return ranges
+
+
 def summarize(records: list[dict]) -> collections.Counter:
     """Count of ranges (push and start) per ``(domain, category, message)``."""
     return collections.Counter((r["domain"], r["category"], r["message"])
@@ -230,6 +247,9 @@ def main(argv=None) -> int:
     for (pid, tid, domain), n in unbalanced(records).items():
         print(f"[nvtx_recorder] WARNING: unbalanced push/pop in pid {pid} tid {tid} "
               f"domain {domain or '<default>'!r}: {n:+d} open")
+    for r in start_end_ranges(records):
+        if r["dur_ns"] is None:
+            print(f"[nvtx_recorder] WARNING: start/end range {r['message']!r} in pid {r['pid']} never ended")
     if args.out:
         print(f"[nvtx_recorder] records kept at {args.out}.<pid>")
     return rc

@@ -1,0 +1,109 @@
+"""The merged Chrome trace, DIR/trace.json: every rank's file read back (`load`, which also takes a file cut
+short), their events in one file with the clock alignment, and flow arrows for every collective from the
+rank everyone waited for to the others.
+
+A rank blocked in a collective waits for the last member to issue it, so each op gets one arrow per other
+member: from the last rank to arrive (the latest issue among the members' spans of that op) to each
+other member's completion — who everyone waited for, always pointing forward in time (Perfetto sorts
+events by time and drops a flow end without an earlier start). A member that completed before the last
+one issued (a broadcast root, say) did not wait and gets no arrow. The arrows need every rank's
+spans, so they are drawn here, not in the per-rank files. Rank 0 merges at the end of a run
+(record/trace.py's `finish`); `merge(DIR)` does it again from the files after a killed run.
+Exercised by: `pytest tests/test_trace.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from commprof.measurement import COLLECTIVES, P2P
+
+FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
+"""Ops whose spans on every member of their group are joined by flow arrows: the collectives."""
+INSIDE_US = 0.001
+"""How far before its slice's end a flow end sits: one nanosecond, the files' resolution. A flow end binds
+to the slice that encloses it, and a slice's end is the next slice's start on a busy comm thread."""
+
+
+def comm_ops(events: list[dict]) -> dict[tuple, dict[int, dict]]:
+    """(group label, members, op, seq) -> {pid: that rank's span of it}, for the collectives of every
+    group of two ranks or more, from the spans on each rank's comm threads (host or stream)."""
+    threads = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            name = e["args"]["name"]
+            if name.startswith(("comm (", "stream: comm (")):
+                label = name.split("(", 1)[1][:-1]
+                threads[(e["pid"], e["tid"])] = (label, tuple(e["args"].get("members") or ()))
+    ops: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for e in events:
+        group = threads.get((e.get("pid"), e.get("tid")))
+        if group is None or e.get("ph") != "X" or e.get("cat") != "comm":
+            continue
+        name = e["name"].rsplit(" (", 1)[0]
+        if name in FLOWS and e["args"]["group_size"] > 1:
+            ops[(*group, name, e["args"]["seq"])][e["pid"]] = e
+    return ops
+
+
+def flows(events: list[dict]) -> list[dict]:
+    """Flow events ("s" on the last rank to arrive, "f" on each rank that waited for it) for every op seen
+    on all of its group's members; an op some member never traced (a rank killed first) gets none."""
+    out: list[dict] = []
+    for (_label, _members, name, _seq), spans in comm_ops(events).items():
+        if len(spans) < next(iter(spans.values()))["args"]["group_size"]:
+            continue
+        last = max(spans.values(), key=lambda e: (e["ts"], e["pid"]))
+        start = last["ts"]
+        for pid, span in sorted(spans.items()):
+            end = span["ts"] + span["dur"]
+            if span is last or end < start:
+                continue
+            ident = len(out) // 2 + 1
+            at = round(max(start, span["ts"], end - INSIDE_US), 3)
+            # the slice's own category: Chrome's DevTools panel binds a flow only to a slice of the same cat
+            out.append({"name": name, "cat": "comm", "ph": "s", "id": ident, "pid": last["pid"], "tid": last["tid"],
+                        "ts": start})
+            out.append({"name": name, "cat": "comm", "ph": "f", "bp": "e", "id": ident, "pid": pid,
+                        "tid": span["tid"], "ts": at})
+    return out
+
+
+def load(path: str | Path) -> list[dict]:
+    """A per-rank file's events: a whole array, or one cut short (by a kill inside a write, or written by an
+    older commprof, which ended every event with "," and the array only at the end)."""
+    return parse(Path(path).read_text())
+
+
+def parse(text: str) -> list[dict]:
+    """A per-rank file's text as its events (see `load`)."""
+    body = text.rstrip().rstrip(",")
+    for attempt in (text, body + "\n]"):  # whole; or all there but the array's end
+        try:
+            return json.loads(attempt)
+        except json.JSONDecodeError:
+            pass
+    cut = body.rfind("\n")  # one event a line: what follows the last newline is an event cut short
+    return json.loads(body[:cut].rstrip().rstrip(",") + "\n]")
+
+
+def write_merged(directory: Path, per_rank: list[list[dict]], clocks: dict | None) -> Path:
+    """DIR/trace.json: every rank's events, then the flow arrows between them."""
+    events = [e for rank in per_rank for e in rank]
+    events += flows(events)
+    path = directory / "trace.json"
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "otherData": {"producer": "commprof", "clock_sync": clocks}}
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    return path
+
+
+def merge(directory: str | Path) -> Path:
+    """Rebuild DIR/trace.json from DIR/rank*.trace.json (e.g. after a killed run)."""
+    directory = Path(directory)
+    files = sorted(directory.glob("rank*.trace.json"), key=lambda p: int(p.name[4:].split(".")[0]))
+    per_rank = [load(p) for p in files if p.stat().st_size]  # a rank killed while opening its file
+    clocks = [e["args"] for rank in per_rank for e in rank if e.get("name") == "clock_sync"]
+    return write_merged(directory, per_rank, {"ranks": clocks} if clocks else None)

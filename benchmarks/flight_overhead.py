@@ -48,7 +48,7 @@ def worker(rounds: int, iters: int) -> None:
             hit = self._labels.get((name, nbytes, dtype))
             if hit is None:
                 hit = self._label(name, nbytes, dtype)
-            label, step = hit
+            label = hit[0]
             ANNOTATOR.push(label)
             self.busy_seq += 1
             self.busy = name

@@ -21,9 +21,10 @@ import torch
 from commprof import deadline, job
 from commprof.backends import BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots, unsupported
 from commprof.comm import gloo_comm, mpi_comm
-from commprof.comm.base import Comm, Handle
+from commprof.comm.base import Comm
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
+from commprof.comm.handle import Handle
 from commprof.errors import PeerTimeoutError, UsageError
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.world import World

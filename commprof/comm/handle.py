@@ -1,0 +1,118 @@
+"""An async op in flight (`Comm`'s `async_op=True` calls return one): when it completes, on which thread, its
+span in the op log, the NVTX `wait` range while a caller blocks on it, and the end of its in-flight range.
+Exercised by: `pytest tests/test_comm.py tests/test_phases.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from commprof.errors import CommprofError
+from commprof.record.annotate import ANNOTATOR
+
+
+class Handle:
+    """An async op in flight. CPU: the op completes when the backend's future says so — unless the caller
+    is already blocked in `wait()` by then, in which case it completes when `wait()` returns, as a
+    synchronous op does (so a wait never outlasts its op: exposed ≤ comm); MPI has no future, so always
+    at `wait()`. Blocking in `wait()` is an NVTX `wait` range. CUDA: the span runs from an event recorded
+    at issue to one recorded on the current stream right after `wait()` has made that stream depend on
+    the op — completion as the training stream sees it, without synchronizing the device."""
+
+    def __init__(self, comm, name: str, nbytes: int, work, start, flight: tuple | None = None) -> None:
+        self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
+        self._start = start
+        self._flight = flight
+        """(end_range, range id) of the op's in-flight NVTX range, until it is ended; None without one."""
+        self._lock = threading.Lock()
+        self._end = None
+        """Completion, once logged."""
+        self._waiting = False
+        self._waited = False
+        comm._watch_completion(work, self._completed)
+
+    def _completed(self, end) -> None:
+        """The backend's future fired (its own thread)."""
+        with self._lock:
+            if self._waiting or self._end is not None:
+                return
+            self._end = end
+        self._land()
+        self._log(end, True)
+
+    def complete_on_stream(self) -> None:
+        """CUDA, from a callback chained on the op's future (`get_future().then`), which runs with current
+        streams that wait on the op: the op ends at an event recorded there. For a caller that never calls
+        wait() — DDP's reducer waits on the future (comm/ddp_reducer.py). A wait() already begun logs instead."""
+        with self._lock:
+            if self._waiting or self._end is not None:
+                return
+            self._end = end = self._comm._now()
+        self._land()
+        self._log(end, False)
+
+    def _land(self) -> None:
+        """End the in-flight range: called once, by whichever of the future, the stream callback and wait()
+        completes the op, right after its end stamp."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            flight[0](flight[1])
+
+    def _log(self, end, host: bool) -> None:
+        comm = self._comm
+        comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
+
+    def is_completed(self) -> bool:
+        """Whether the op has completed, as far as this rank has seen."""
+        return self._waited or self._end is not None
+
+    def get_future(self):
+        """The backend's future (torch works; before wait()), for callers that chain on it."""
+        return self._work.get_future()
+
+    def wait(self) -> None:
+        if self._waited:
+            return
+        comm = self._comm
+        hit = comm._labels.get(("wait " + self._name, 0, None))
+        if hit is None:
+            hit = comm._label("wait " + self._name, 0, None)
+        with self._lock:
+            self._waiting = True
+            done = self._end
+        annotate = ANNOTATOR.active
+        if annotate:
+            ANNOTATOR.push(hit[0])
+        comm.busy_seq += 1
+        comm.busy = self._name
+        try:
+            start = time.perf_counter_ns()
+            comm._wait(self._work)
+            end = time.perf_counter_ns()
+            if done is None and comm.clock.kind != "cuda":  # it completes at `end`, as logged below
+                self._land()
+            # The backend's work goes now, not with this handle: a torch Work kept past comm.close() keeps
+            # gloo's context and its threads alive (see comm.end_process).
+            self._work, self._waited = None, True
+        except CommprofError:
+            raise
+        except Exception as exc:  # the backend's words as one line naming the op, as for blocking ops
+            raise comm.failure(self._name, exc) from exc
+        finally:
+            comm.busy = None
+            if annotate:
+                ANNOTATOR.pop()
+            if done is None and not self._waited:  # the wait failed: the op is over for this rank
+                self._land()
+        if comm.clock.kind == "cuda":
+            comm.recorder.waits.append((self._name, start, end))
+            if done is None:
+                self._end = comm._now()
+                self._land()
+                self._log(self._end, False)
+            return
+        if done is None:  # still in flight when the wait began: it completed when the wait returned
+            self._end = done = end
+            self._log(end, True)
+        comm.recorder.waits.append((self._name, start, min(end, done)))

@@ -11,6 +11,9 @@ from rich.text import Text
 
 from commprof.report.fit import Narrowing
 
+MODE_NAMES = {False: "out of place", True: "in place"}
+MODES = (False, True)
+"""nccl-tests' order of the two modes' columns."""
 NARROW_DROP = ("count", "redop", "root", "p99 (us)", "algbw (GB/s)", "type", "steps", "α–β model (us)",
                "sent/rank (B)", "slowest rank")
 """The columns a narrow terminal goes without, first to last: kept are the size, each mode's time, busbw and
@@ -73,17 +76,21 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
     modelled = algo != "library"
     named = collective if not modelled else f"{collective} · algorithm {algo}"
     caption = list(notes) + ([model_note(first)] if modelled else [])
+    barrier = collective == "barrier"
+    modes = [m for m in MODES if any(r["inplace"] == m for r in records)] if not barrier else [False]
+    if len(modes) == 1 and not barrier:  # the other mode's columns would be n/a throughout
+        caption.append(f"{MODE_NAMES[modes[0]]} only: {first['backend']} has no {MODE_NAMES[not modes[0]]} "
+                       f"{collective}" + ("" if not modelled else f" in {algo}"))
     key = ranks_key(first)
     ranks = ranks_label(key) + (f" of {first['world_size']}" if key != (first["world_size"], 1, "") else "")
     table = Table(title=f"{named} · {first['backend']} · {ranks} · "
                         f"time = {first['agg']} over ranks of the mean of {first['iters']} iterations",
                   caption="\n".join(caption) or None, caption_justify="left", header_style="bold")
-    barrier = collective == "barrier"
     if not barrier:
         for name in ("size (B)", "count", "type", "redop", "root"):
             table.add_column(name, justify="right" if name != "type" else "left")
-    for group, inplace in (("out of place", False), ("in place", True)) if not barrier else (("", False),):
-        table.add_column(f"{group}\ntime (us)", justify="right")
+    for inplace in modes:
+        table.add_column(f"{MODE_NAMES[inplace] if not barrier else ''}\ntime (us)", justify="right")
         if not barrier:
             for name in ("algbw (GB/s)", "busbw (GB/s)", "#wrong"):
                 table.add_column(f"\n{name}", justify="right")
@@ -98,7 +105,7 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
         if not barrier:
             root = "" if ref["root"] is None else str(ref["root"])
             cells += [str(nbytes), str(ref["count"]), dtype, op or "none", root]
-        for inplace in (False, True) if not barrier else (False,):
+        for inplace in modes:
             rec = by_mode.get(inplace)
             cells.append(_num(rec and rec["time_us"]))
             if not barrier:

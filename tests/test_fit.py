@@ -15,6 +15,7 @@ from spawn import env_for_tests
 
 from commprof.report.bench_summary import STANDS_OUT, summarize, summary_table
 from commprof.report.bench_table import bench_table
+from commprof.report.compare import run_rows, run_table
 from commprof.report.run_table import run_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +74,8 @@ def test_bench_tables_keep_every_number_whole(bench_doc, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_run_tables_keep_every_number_whole(run_doc, width):
-    text = "".join(drawn(t, width) for t in run_tables(run_doc))
+    grid = run_table(run_rows([{"label": "ddp", "config": {}, "error": None, "result": run_doc}]))
+    text = "".join(drawn(t, width) for t in [*run_tables(run_doc), grid])
     whole_at(text, width)
     s = run_doc["summary"]
     assert f"{s['across_ranks']['wall_ms']['avg']:.2f}" in text

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from commprof.report.bench_table import ranks_key, ranks_label
 from commprof.report.files import write_atomic, write_result
-from commprof.report.fit import results_console
+from commprof.report.fit import Narrowing, results_console
 from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
@@ -108,7 +108,12 @@ def _predicted(measured: int, predicted: int | None) -> str:
     return "=" if predicted == measured else f"{format_bytes(predicted)} ({predicted - measured:+,} B)"
 
 
-def run_table(rows: list[dict], title: str = "grid") -> Table:
+RUN_NARROW_DROP = ("steps to thr.", "payload/epoch", "predicted", "epoch s", "peak mem", "efficiency", "bubble ms",
+                   "final loss", "overlap %", "payload/step", "throughput")
+"""The comparison table's columns a narrow terminal goes without, first to last."""
+
+
+def run_table(rows: list[dict], title: str = "grid") -> Narrowing:
     table = Table(title=f"{title}: medians per iteration, averaged over ranks")
     for h in RUN_HEADS:
         table.add_column(h, justify="left" if h == "configuration" else "right")
@@ -117,7 +122,7 @@ def run_table(rows: list[dict], title: str = "grid") -> Table:
         if r["error"]:
             cells[1] = f"[red]{cells[1]}[/red]"
         table.add_row(*cells)
-    return table
+    return Narrowing(table, RUN_NARROW_DROP)
 
 
 def run_markdown(rows: list[dict]) -> str:
@@ -140,8 +145,9 @@ def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[tuple, dict]]]:
     return out
 
 
-def scaling_tables(records: list[dict]) -> list[Table]:
-    """Per collective and mode: size rows × rank-count columns of time and busbw."""
+def scaling_tables(records: list[dict]) -> list[Narrowing]:
+    """Per collective and mode: size rows × rank-count columns of time and busbw (a narrow terminal: time
+    alone)."""
     tables = []
     for key, by_size in scaling(records).items():
         coll, algo, backend, dtype, redop, inplace = key
@@ -158,7 +164,7 @@ def scaling_tables(records: list[dict]) -> list[Table]:
                 rec = by_size[nbytes].get(n)
                 cells += ["—", "—"] if rec is None else [_n(rec["time_us"]), _n(rec["busbw_GBps"], 3)]
             table.add_row(str(nbytes), *cells)
-        tables.append(table)
+        tables.append(Narrowing(table, ("busbw (GB/s)",)))
     return tables
 
 

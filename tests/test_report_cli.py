@@ -74,14 +74,26 @@ def test_files_that_are_not_whole_results_are_one_line_exit_2(saved, tmp_path):
 
 
 def test_link_rate_is_drawn_on_the_bench_plots(saved, tmp_path):
+    # the command's PNG is the figure drawn here with the link line (200 Gbit/s = 25 GB/s), pixel for pixel;
+    # without --link-rate it is the one drawn without. Sizes may differ: a legend that covers the line moves out.
     import matplotlib.image
+    import numpy as np
+
+    from commprof.report import plots
 
     tmp, _ = saved
-    for name, extra in (("plain", ()), ("link", ("--link-rate", "200Gbit/s"))):
+    records = json.loads((tmp / "bench.json").read_text())["results"]
+    for name, extra, link in (("plain", (), None), ("link", ("--link-rate", "200Gbit/s"), 25.0)):
         proc = commprof("report", str(tmp / "bench.json"), "--plot", str(tmp_path / name), *extra, timeout=60)
         assert proc.returncode == 0, proc.stderr
-    plain, link = (matplotlib.image.imread(tmp_path / d / "bench-all_reduce.png") for d in ("plain", "link"))
-    assert plain.shape == link.shape and (plain != link).any()  # the line and its legend entry
+        figures = {}
+        plots.bench_plots(records, tmp_path / f"{name}-here", link_GBps=link, keep=figures)
+        (path,) = [p for p in figures if p.endswith("bench-all_reduce.png")]
+        bw = figures[path].axes[0]
+        drawn = [line.get_label() for line in bw.get_lines() if line.get_label().startswith("link ")]
+        assert drawn == ([] if link is None else ["link 25 GB/s"]), drawn
+        assert np.array_equal(matplotlib.image.imread(tmp_path / name / "bench-all_reduce.png"),
+                              matplotlib.image.imread(path)), name
 
 
 @pytest.mark.parametrize("args, words", [

@@ -131,7 +131,8 @@ def main() -> int:
                     # no bandwidth when the times of the sizes fitted do not grow (two sizes under --quick,
                     # on a busy machine): said so rather than divided
                     fit_bw = b["fit_bandwidth_GBps"]
-                    fitted = "no fit (times not growing with size)" if fit_bw is None else f"fit {fit_bw / link:.3f} × rate"
+                    fitted = ("no fit (times not growing with size)" if fit_bw is None
+                              else f"fit {fit_bw / link:.3f} × rate")
                     print(f"{rate} {backend}: {fitted}, 8 B exchange "
                           f"{b['latency_8B_us']:.0f} us (one host: {b['loopback_8B_us']:.0f} us),"
                           f" all_reduce busbw {b['all_reduce_busbw_GBps'] / link:.3f} × rate", flush=True)

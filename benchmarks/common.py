@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from commprof.stats import median_ci
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 NPROC = 2
@@ -310,13 +312,6 @@ def interleaved(arms: dict[str, Callable[[], Any]], rounds: int, *,
             row[name] = arms[name]()
         out.append(row)
     return out
-
-
-def median_ci(values: Sequence[float]) -> list[float]:
-    """95 % confidence interval of the median (sign-test order statistics, normal approximation)."""
-    v, n = sorted(values), len(values)
-    half = 1.96 * n ** 0.5 / 2
-    return [v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]]
 
 
 def ratio_ci(num: Sequence[float], den: Sequence[float]) -> dict:

@@ -22,8 +22,9 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
   netns, launch, lifecycle                 a local MPI job's own network; the launcher; the job's life
                                            cycle every command runs through
-  bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
-                                           a traced iteration replayed at N ranks
+  bench/, run/, profile/, predict/,        the commands: a config, one rank's work, rank 0's report;
+  findings/                                a traced iteration replayed at N ranks; what made a traced
+                                           job wait, ranked by what it costs a step
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs
 """
 

@@ -4,10 +4,13 @@ time_us (the reported time) = agg over ranks of each rank's mean over iterations
 or rank0: the first rank's own (nccl-tests' -a 0).
 p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
+median_ci: the 95 % confidence interval of a median (benchmarks' rounds, findings' iterations).
 Exercised by: `pytest tests/test_units_stats.py -k summarize`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,3 +48,10 @@ def bandwidths(nbytes: int, time_us: float, bus_factor: float) -> tuple[float, f
         return 0.0, 0.0
     algbw = nbytes / (time_us * 1e3)
     return algbw, algbw * bus_factor
+
+
+def median_ci(values: Sequence[float]) -> list[float]:
+    """95 % confidence interval of the median (sign-test order statistics, normal approximation)."""
+    v, n = sorted(values), len(values)
+    half = 1.96 * n ** 0.5 / 2
+    return [v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]]

@@ -35,6 +35,8 @@ PROMISES: dict[str, list[tuple]] = {
     "ddp_reducer_cost": [("routed_ratio",), ("routed_ratio_ci95",), ("profiled_ratio",), ("max_abs_diff",)],
     "fabric_link": [("rows", 0, "gloo", "fit_bandwidth_GBps"), ("rows", 0, "mpi", "loopback_8B_us"),
                     ("rows", 0, "ddp", "link_ms")],
+    "findings": [("rows", 0, "cost_over_delay"), ("rows", 0, "without_over_balanced"),
+                 ("rows", 1, "predicted_saving_ms"), ("rows", 1, "measured_saving_ms")],
     "flight_overhead": [(0, "extra_us"), (0, "extra_ci95_us")],
     "gloo_layers": [("torch_us",), ("arms", "comm", "minus_torch_us"), ("arms", "comm", "minus_torch_ci95_us")],
     "gloo_paired": [("results", 0, "commprof_paired"), ("results", 0, "per_rank", 0, "commprof_paired_ci95")],

@@ -20,7 +20,7 @@ LAYERS = (
     ("parallel",),
     ("strategies", "kernels"),
     ("netns", "launch", "lifecycle"),
-    ("bench", "run", "profile", "predict"),
+    ("bench", "run", "profile", "predict", "findings"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own

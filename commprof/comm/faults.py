@@ -1,21 +1,25 @@
 """Fault injection at the Comm level, for exercising how a job fails: `COMMPROF_FAULT`, a comma list of
 
-    KIND:rank=R[:op=NAME][:seq=N][:at=start][:signal=SIG]
+    KIND:rank=R[:op=NAME][:seq=N][:at=start][:signal=SIG][:ms=D]
 
 KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hung rank)
        stop    the rank sends itself SIGSTOP: nothing of it runs any more (a frozen process)
        die     the rank sends itself SIGKILL, or `signal` (a crashed or killed process)
        desync  the rank issues one extra broadcast (from rank 0, as many bytes) before the op: a rank that
                calls something its peers do not
+       slow    the rank sleeps `ms` before every counted op from the seq-th on: a straggler its peers wait
+               for (with op=NAME of one op a step, D ms a step)
 rank   which rank (default 0)
 op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
 seq    fire at the N-th such op this rank issues, 1-based (default 1)
 at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op;
        `init`: after the check-in, just before MPI_Init or the rendezvous (where the start-up deadline holds)
+ms     how long `slow` sleeps (default 10)
 
     COMMPROF_FAULT=stall:rank=1:seq=5 commprof bench --nproc 2 --timeout 3
     COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
     COMMPROF_FAULT=desync:rank=1:seq=3 commprof bench all_reduce --backend mpi --nproc 2
+    COMMPROF_FAULT=slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --bucket-mb 100 --trace t/
 
 The hot path pays one attribute test per op when no fault is set. Exercised by: `pytest tests/test_failures.py`.
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from commprof.errors import UsageError
 
 ENV = "COMMPROF_FAULT"
-KINDS = ("stall", "stop", "die", "desync")
+KINDS = ("stall", "stop", "die", "desync", "slow")
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Fault:
     """One injected failure."""
 
     kind: str
-    """stall, stop, die or desync."""
+    """stall, stop, die, desync or slow."""
     rank: int = 0
     """The rank it happens on."""
     op: str | None = None
@@ -49,6 +53,8 @@ class Fault:
     """'op' (at an op), 'start' (before check-in) or 'init' (before MPI_Init or the rendezvous)."""
     signal: str = "KILL"
     """The signal `die` sends."""
+    ms: float = 10.0
+    """How long `slow` sleeps before each op."""
 
 
 def parse(spec: str) -> list[Fault]:
@@ -65,10 +71,17 @@ def parse(spec: str) -> list[Fault]:
                 if not value.isdigit():
                     raise UsageError(f"{ENV}: {key}={value!r} in {part!r} is not a whole number")
                 values[key] = int(value)
+            elif key == "ms":
+                try:
+                    values[key] = float(value)
+                except ValueError:
+                    raise UsageError(f"{ENV}: ms={value!r} in {part!r} is not a number") from None
+                if not 0 <= values[key] < float("inf"):
+                    raise UsageError(f"{ENV}: ms={value!r} in {part!r} must be a finite time of 0 or more")
             elif key in ("op", "at", "signal"):
                 values[key] = value
             else:
-                raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, at, signal")
+                raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, at, signal, ms")
         fault = Fault(kind, **values)
         if fault.at not in ("op", "start", "init"):
             raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start', 'init' or leave it out")
@@ -106,7 +119,7 @@ class Injector:
             if fault.at != "op" or (fault.op is not None and fault.op != name):
                 continue
             self._counts[i] += 1
-            if self._counts[i] == fault.seq:
+            if self._counts[i] == fault.seq or (fault.kind == "slow" and self._counts[i] > fault.seq):
                 self._firing = True
                 try:
                     _fire(fault, comm, nbytes, dtype)
@@ -115,6 +128,9 @@ class Injector:
 
 
 def _fire(fault: Fault, comm, nbytes: int, dtype) -> None:
+    if fault.kind == "slow":
+        time.sleep(fault.ms / 1e3)
+        return
     if fault.kind == "stall":
         while True:
             time.sleep(3600)

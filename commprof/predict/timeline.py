@@ -51,6 +51,12 @@ class Program:
     rank: int
     wall_ms: float
     steps: tuple
+    start_us: float = 0.0
+    """When the iteration began, on the trace's clock (rank 0's)."""
+    spans: tuple = ()
+    """(issue µs, completion µs, Op) of each op issued in the iteration, on the trace's clock."""
+    blocks: tuple = ()
+    """(Op, from µs, resume µs): each time the training thread blocked on an op, on the trace's clock."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,7 @@ def _program(rank: int, t0: float, t1: float, ops: list, blocking: list[dict]) -
             _, end, op = queue.popleft()
             points.append((w["ts"], 1, ("block", op, end, w["ts"] + w["dur"])))
     points.sort(key=lambda p: (p[0], p[1]))
+    blocks = tuple((step[1], at, step[3]) for at, _, step in points if step[0] == "block")
     steps, t = [], t0
     for at, _, step in points:
         if at > t:
@@ -212,4 +219,5 @@ def _program(rank: int, t0: float, t1: float, ops: list, blocking: list[dict]) -
         t = max(t, resume)
     if t1 > t:
         steps.append(("busy", (t1 - t) / 1e3))
-    return Program(rank=rank, wall_ms=(t1 - t0) / 1e3, steps=tuple(steps))
+    return Program(rank=rank, wall_ms=(t1 - t0) / 1e3, steps=tuple(steps), start_us=t0, spans=tuple(ops),
+                   blocks=blocks)

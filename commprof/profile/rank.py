@@ -255,16 +255,24 @@ class Session:
         from commprof.profile.results import combine
 
         doc = combine(self.cfg, results, env)
+        if self.cfg.out.trace:
+            from commprof.findings.kinds import of_trace
+
+            doc["findings"] = of_trace(self.cfg.out.trace)
         self._print(doc)
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})
 
     @staticmethod
     def _print(doc: dict) -> None:
+        from commprof.report.findings_block import findings_text
         from commprof.report.fit import results_console
         from commprof.report.script_table import profile_tables
 
         console = results_console()
+        found = findings_text(doc.get("findings"))
+        if found is not None:
+            console.print(found, highlight=False)
         for table in profile_tables(doc):
             console.print(table)
 

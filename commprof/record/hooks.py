@@ -34,7 +34,7 @@ from torch.optim import optimizer as optim
 
 from commprof.record.annotate import ANNOTATOR, MEASURED, phase_category
 from commprof.record.phases import Phases
-from commprof.record.recorder import END, HOST, START
+from commprof.record.recorder import END, GROUP, HOST, START
 from commprof.record.volume import step_volume
 
 MS = 1e-6
@@ -231,9 +231,13 @@ def split_backward(recorder, tensors, run) -> int:
         if hook is not None:
             hook.remove()
     computed = marks[1] if len(marks) > 1 else end
-    last = max((op[END] for op in recorder.ops[first_op:] if op[HOST] and op[START] >= start), default=computed)
+    mine = [op for op in recorder.ops[first_op:] if op[HOST] and op[START] >= start]
+    last = max((op[END] for op in mine), default=computed)
     if min(end, last) > computed:
         recorder.waits.append(("all_reduce", computed, min(end, last)))
+        if ANNOTATOR.trace is not None:  # the trace's training thread shows the wait its figures count
+            group = max(mine, key=lambda op: op[END])[GROUP]
+            ANNOTATOR.trace.span(ANNOTATOR.label(f"wait all_reduce ({group})", "wait"), computed, min(end, last))
     return computed
 
 

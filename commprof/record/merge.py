@@ -28,7 +28,7 @@ to the slice that encloses it, and a slice's end is the next slice's start on a 
 
 
 def comm_ops(events: list[dict]) -> dict[tuple, dict[int, dict]]:
-    """(group label, members, op, seq) -> {pid: that rank's span of it}, for the collectives of every
+    """(group label, members, op, k) -> {pid: that rank's span of its k-th such op}, for the collectives of every
     group of two ranks or more, from the spans on each rank's comm threads (host or stream)."""
     threads = {}
     for e in events:
@@ -37,14 +37,20 @@ def comm_ops(events: list[dict]) -> dict[tuple, dict[int, dict]]:
             if name.startswith(("comm (", "stream: comm (")):
                 label = name.split("(", 1)[1][:-1]
                 threads[(e["pid"], e["tid"])] = (label, tuple(e["args"].get("members") or ()))
-    ops: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    issued: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
         group = threads.get((e.get("pid"), e.get("tid")))
         if group is None or e.get("ph") != "X" or e.get("cat") != "comm":
             continue
         name = e["name"].rsplit(" (", 1)[0]
         if name in FLOWS and e["args"]["group_size"] > 1:
-            ops[(*group, name, e["args"]["seq"])][e["pid"]] = e
+            issued[(e["pid"], *group, name)].append(e)
+    # every member issues a group's collectives in the same order: the k-th by issue time is one op (the
+    # files list ops as they complete, which async ops do in another order on each rank)
+    ops: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for (pid, *key), spans in issued.items():
+        for k, e in enumerate(sorted(spans, key=lambda e: e["ts"])):
+            ops[(*key, k)][pid] = e
     return ops
 
 

@@ -139,6 +139,10 @@ class TraceRecorder:
                 self.gpu.pending.append((("range", label), event, self.gpu.mark()))
         return len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS)
 
+    def span(self, label, t0_ns: int, t1_ns: int) -> None:
+        """A training-thread span known only once it is over (a wait found after the fact); no GPU twin."""
+        self._buf.append(("X", label, t0_ns, t1_ns))
+
     def op(self, entry: tuple, comm) -> None:
         """One completed op from the Comm op log (any thread: async completions arrive on backend threads)."""
         with self._lock:
@@ -185,14 +189,16 @@ class TraceRecorder:
         with self._lock:
             items, self._buf = self._buf, []
             streamed = self.gpu.ready(final) if self.gpu is not None else ()
-        out, spans = [], []
+        out, spans, ops = [], [], []
         for item in items:
             if item[0] == "X":
                 _, label, t0, t1 = item
                 head, tail = self._prefix(label)
                 out.append(f"{head}{self._us(t0):.3f},\"dur\":{(t1 - t0) / 1e3:.3f}{tail}")
             else:
-                self._op_events(*item[1:], spans, out)
+                ops.append(item)
+        for item in sorted(ops, key=lambda item: item[1][START]):  # logged as they complete; seq by issue
+            self._op_events(*item[1:], spans, out)
         for what, t0, t1 in streamed:
             if what[0] == "op":
                 _, entry, members = what
@@ -240,7 +246,8 @@ class TraceRecorder:
                   out: list) -> None:
         name, nbytes, size, group = entry[NAME], entry[NBYTES], entry[GROUP_SIZE], entry[GROUP]
         seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
-        # seq joins the op across its group's members: the merged file's flows (record/merge.py)
+        # seq: this rank's k-th op of its group and name, by issue (ops in flight across a write, rare, may
+        # take another number: the merged file's flows join ops by issue time, record/merge.py)
         out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.pid},"tid":{tid},'
                    f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}}')
         if nbytes:

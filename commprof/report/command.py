@@ -117,6 +117,13 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             grid.update(doc["grid"])
         else:
             runs.append({"label": Path(path).stem, "config": {}, "error": None, "result": doc})
+    if not args.markdown:
+        from commprof.report.findings_block import findings_text
+
+        for path, kind, doc in loaded:
+            found = findings_text(doc.get("findings")) if kind != "grid" else None
+            if found is not None:
+                out.print(f"{path}: " if len(loaded) > 1 else "", found, sep="", highlight=False)
     if args.markdown:
         print(compare.run_markdown(compare.run_rows(runs)), end="")
         out = Console(quiet=True)  # the plots only

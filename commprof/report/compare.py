@@ -32,14 +32,16 @@ def run_row(run: dict) -> dict:
     if doc is None:
         return row
     s, volume = doc["summary"], doc["volume"].values()
-    row.update({k: s[k] for k in ("wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct",
-                                  "bubble_ms", "throughput", "throughput_unit", "epoch_s", "peak_mem_bytes")})
+    # a profile's summary has no throughput without --global-batch, and no epoch or metrics: left empty
+    row.update({k: s.get(k) for k in ("wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct",
+                                      "bubble_ms", "throughput", "throughput_unit", "epoch_s", "peak_mem_bytes")})
     row["payload_bytes_per_step"] = sum(v["payload_bytes_per_step"] for v in volume)
     predicted = [v.get("predicted_payload_bytes_per_step") for v in volume]
     row["predicted_payload_bytes_per_step"] = None if None in predicted else sum(predicted)
     row["payload_bytes_per_epoch"] = sum(v["bytes_per_epoch"] for v in volume)
-    row["final_loss"] = doc["metrics"]["final_loss"]
-    row["steps_to_threshold"] = doc["metrics"]["steps_to_threshold"]
+    metrics = doc.get("metrics") or {}
+    row["final_loss"] = metrics.get("final_loss")
+    row["steps_to_threshold"] = metrics.get("steps_to_threshold")
     return row
 
 
@@ -93,7 +95,8 @@ def run_cells(r: dict) -> list[str]:
     if r["error"]:
         return [r["label"], f"failed: {r['error']}", *[""] * (len(RUN_HEADS) - 2)]
     return [r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
-            _n(r["overlap_pct"], 1), _n(r["bubble_ms"]), f"{_n(r['throughput'], 1)} {r['throughput_unit']}",
+            _n(r["overlap_pct"], 1), _n(r["bubble_ms"]),
+            " ".join(filter(None, (_n(r["throughput"], 1), r["throughput_unit"]))),
             _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
             _predicted(r["payload_bytes_per_step"], r["predicted_payload_bytes_per_step"]),
             format_bytes(r["payload_bytes_per_epoch"]), format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),

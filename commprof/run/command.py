@@ -225,6 +225,12 @@ class _Run(lifecycle.Command):
             rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
         console = results_console()
+        if cfg.out.trace:
+            from commprof.findings.kinds import of_trace
+            from commprof.report.findings_block import findings_text
+
+            doc["findings"] = of_trace(cfg.out.trace)
+            console.print(findings_text(doc["findings"]), highlight=False)
         for table in run_tables(doc):
             console.print(table)
         said = note(rank.env.get("contention"))

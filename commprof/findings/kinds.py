@@ -1,0 +1,151 @@
+"""What a measured job's time went to, as findings ranked by what each costs a step. Each is a plain dict:
+
+    {"kind": "straggler", "rank": 1, "ms_per_step": 19.6, "share_of_step": 0.31, "step_ms_without": 43.2,
+     "evidence": {…}}
+
+  straggler     rank k arrived last at the ops its peers blocked on: ms_per_step is the most any peer's
+                training thread waited for it a step, as far as k's own time exceeds the others' median
+                (a rank late because its previous op ended later is not one); evidence: how often it was
+                last, each peer's wait, its own time and the others'. Without it: its own time as theirs.
+  imbalance     a rank's own time (compute, data, optimizer) more than IMBALANCE above the least of the
+                others', where no peer waits for it (else it is a straggler): ms_per_step is what the step
+                would lose with it set to the others' median (the replay's), nothing when none waits on it.
+  exposed_comm  the op (name, group, size) whose transfer the ranks' threads blocked on longest, the mean
+                over ranks; evidence: its bus bandwidth once every party had arrived. Without it: free.
+  latency_bound collectives smaller than n½, the size where the link gives half its bandwidth, by an α–β
+                fit of the job's own collectives (their transfer times against their bytes on the bus):
+                how many a step, what they take, and what fusing each group's into one op would save,
+                (k − 1)·α for k ops. Without them: each costs α less (k − 1)/k in the replay.
+
+A finding below THRESHOLD of the step is not reported: a balanced job reports no straggler or imbalance.
+
+    commprof profile --nproc 2 --trace t/ --json p.json -- train.py
+
+Exercised by: `pytest tests/test_findings.py`.
+"""
+
+from __future__ import annotations
+
+from commprof.bench.alphabeta import fit
+from commprof.findings import whatif
+from commprof.findings.arrivals import Analysis, analyze, median
+from commprof.measurement import COLLECTIVES
+from commprof.predict.timeline import Measured
+from commprof.stats import median_ci
+
+THRESHOLD = 0.03
+"""Smallest share of the step a finding must cost to be reported."""
+IMBALANCE = 0.10
+"""How far a rank's own time may exceed the least of the others' before it is an imbalance."""
+
+
+def find(m: Measured, *, threshold: float = THRESHOLD) -> list[dict]:
+    """Every finding of `m` above `threshold` of its step, costliest first."""
+    a = analyze(m)
+    out = _stragglers(m, a, threshold) + _imbalance(m, a) + _exposed(m, a) + _latency_bound(m, a)
+    return sorted((f for f in out if f["share_of_step"] >= threshold), key=lambda f: -f["ms_per_step"])
+
+
+def _finding(kind: str, a: Analysis, ms: float, without: float, **fields) -> dict:
+    return {"kind": kind, **{k: v for k, v in fields.items() if k != "evidence"}, "ms_per_step": ms,
+            "share_of_step": ms / a.step_ms if a.step_ms else 0.0, "step_ms_without": without,
+            "evidence": fields.get("evidence", {})}
+
+
+def _stragglers(m: Measured, a: Analysis, threshold: float) -> list[dict]:
+    """Per iteration, rank k's cost is the longest any peer waited for it, as far as its own time exceeds the
+    others' median (a rank late because its previous op ended later is not a straggler); the finding's
+    figure is the median over iterations, and it is reported only when the lower end of that median's
+    95 % confidence interval reaches the threshold (the scheduling noise of a busy machine does not)."""
+    out = []
+    for s in a.ranks:
+        costs = []
+        for it in a.per_iteration:
+            mine = it[s.rank]
+            peers = [r.waiting_ms.get(s.rank, 0.0) for r in it if r.rank != s.rank]
+            excess = mine.busy_ms - median(r.busy_ms for r in it if r.rank != s.rank)
+            costs.append(max(0.0, min(max(peers, default=0.0), excess)))
+        if median_ci(costs)[0] < threshold * a.step_ms or median(costs) <= 0:
+            continue
+        met = [x for x in a.arrivals if s.rank in x.parties]
+        evidence = {"last_at_share": sum(x.last == s.rank for x in met) / len(met) if met else 0.0,
+                    "peers_wait_ms": {r.rank: r.waiting_ms.get(s.rank, 0.0) for r in a.ranks if r.rank != s.rank},
+                    "busy_ms": s.busy_ms, "others_busy_ms": median(r.busy_ms for r in a.ranks if r.rank != s.rank),
+                    "spread_ms_median": median(x.spread_ms for x in met if x.last == s.rank),
+                    "ms_per_step_ci95": median_ci(costs)}
+        without = whatif.step_without(m, a, edit=whatif.busy_as_median(s.rank))
+        out.append(_finding("straggler", a, median(costs), without, rank=s.rank, evidence=evidence))
+    return out
+
+
+def _imbalance(m: Measured, a: Analysis) -> list[dict]:
+    """The rank with the most own time, when it exceeds the least of the others' by IMBALANCE in most
+    iterations (the lower end of the 95 % confidence interval of the median ratio); what it costs is what
+    the replay saves with its own time set to the others' (nothing, when nobody waits for it)."""
+    if len(a.ranks) < 2:
+        return []
+    s = max(a.ranks, key=lambda r: r.busy_ms)
+    ratios = [it[s.rank].busy_ms / max(1e-9, min(r.busy_ms for r in it if r.rank != s.rank))
+              for it in a.per_iteration]
+    if median_ci(ratios)[0] <= 1 + IMBALANCE or any(r.waiting_ms.get(s.rank, 0.0) > 0 for r in a.ranks):
+        return []  # balanced, or a straggler (which says so)
+    without = whatif.step_without(m, a, edit=whatif.busy_as_median(s.rank))
+    return [_finding("imbalance", a, max(0.0, a.step_ms - without), without, rank=s.rank,
+                     evidence={"busy_ms": {r.rank: r.busy_ms for r in a.ranks}})]
+
+
+def _exposed(m: Measured, a: Analysis) -> list[dict]:
+    if not a.exposed_by_op:
+        return []
+    signature, ms = max(a.exposed_by_op.items(), key=lambda kv: kv[1])
+    name, label, nbytes = signature
+    mine = [x for x in a.arrivals if (x.op.name, x.op.label, x.op.nbytes) == signature]
+    took = median(x.transfer_ms for x in mine)
+    factor = COLLECTIVES[name].bus_factor(len(mine[0].parties)) if mine and name in COLLECTIVES else 1.0
+    busbw = nbytes / (took / 1e3) / 1e9 * factor if took > 0 else None
+    without = whatif.step_without(m, a, cost=whatif.op_free(signature, a))
+    return [_finding("exposed_comm", a, ms, without, op=name, group=label, bytes=nbytes,
+                     evidence={"per_step": len(mine) / a.iterations, "transfer_ms_median": took,
+                               "busbw_GBps": busbw})]
+
+
+def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
+    ops = [x for x in a.arrivals if x.op.name in COLLECTIVES and x.op.name != "barrier" and x.op.nbytes > 0]
+    bus = {x.op.key: x.op.nbytes * COLLECTIVES[x.op.name].bus_factor(len(x.parties)) for x in ops}
+    line = fit([(bus[x.op.key], x.transfer_ms / 1e3) for x in ops])
+    if line is None or line.beta_s_per_byte <= 0 or line.alpha_s <= 0:
+        return []
+    half = line.alpha_s / line.beta_s_per_byte  # bytes on the bus where α = β·n: half the bandwidth
+    small = [x for x in ops if bus[x.op.key] < half]
+    if len(small) < 2 * a.iterations:  # fewer than two a step: nothing to fuse
+        return []
+    per_group: dict[tuple, int] = {}
+    for x in small:
+        per_group[(x.op.label, x.parties)] = per_group.get((x.op.label, x.parties), 0) + 1
+    alpha_ms = line.alpha_s * 1e3
+    saving = sum(k / a.iterations - 1 for k in per_group.values()) * alpha_ms
+    keys = {x.op.key: per_group[(x.op.label, x.parties)] for x in small}
+    base = whatif.measured_costs(a)
+
+    def fused(op):
+        k = keys.get(op.key)
+        return base(op) if k is None else max(0.0, base(op) - alpha_ms * (k - a.iterations) / k)
+
+    without = whatif.step_without(m, a, cost=fused)
+    return [_finding("latency_bound", a, max(0.0, a.step_ms - without), without,
+                     evidence={"ops_per_step": len(small) / a.iterations, "n_half_bytes": half,
+                               "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": 1 / line.beta_s_per_byte / 1e9,
+                               "ms_per_step_in_them": sum(x.transfer_ms for x in small) / a.iterations,
+                               "fusing_saves_ms": saving})]
+
+
+def of_trace(directory: str, *, threshold: float = THRESHOLD) -> dict:
+    """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items"},
+    or {"threshold", "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
+    from commprof.errors import UsageError
+    from commprof.predict.timeline import load
+
+    try:
+        return {"threshold": threshold, "items": find(load(directory), threshold=threshold)}
+    except UsageError as exc:
+        return {"threshold": threshold, "items": None, "why": str(exc)}

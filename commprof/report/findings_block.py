@@ -1,0 +1,60 @@
+"""The findings block printed before a run's or a profile's tables: one line per finding, costliest first,
+each with its evidence and the step it would leave (commprof/findings/kinds.py makes them; this renders
+the plain dicts of a result document, so `commprof report FILE` prints the same block again).
+
+    commprof profile --nproc 2 --trace t/ -- train.py
+
+Exercised by: `pytest tests/test_findings.py`.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from commprof.report.units import format_bytes
+
+
+def findings_text(block: dict | None) -> Text | None:
+    """The block as Rich text; None for a document without findings (not traced, or an older commprof)."""
+    if not block:
+        return None
+    pct = f"{block['threshold'] * 100:g} %"
+    if block.get("items") is None:
+        return Text(f"findings: none computed ({block.get('why', 'the trace could not be matched')})")
+    if not block["items"]:
+        return Text(f"findings: none above {pct} of the step")
+    out = Text(f"findings, costliest first (each above {pct} of the step):\n", style="bold")
+    for f in block["items"]:
+        out.append(f"  {f['kind']:<14}", style="bold")
+        out.append(f"{_what(f)}; step without it {f['step_ms_without']:.1f} ms\n")
+    out.rstrip()
+    return out
+
+
+def _what(f: dict) -> str:
+    ms, share, e = f["ms_per_step"], f["share_of_step"] * 100, f["evidence"]
+    if f["kind"] == "straggler":
+        peers = ", ".join(f"rank {r} {w:.1f} ms" for r, w in sorted(e["peers_wait_ms"].items(), key=_rank))
+        return (f"rank {f['rank']} arrives last at {e['last_at_share'] * 100:.0f} % of its ops; its peers wait "
+                f"{ms:.1f} ms/step for it ({share:.0f} % of the step: {peers}); its own time "
+                f"{e['busy_ms']:.1f} ms against the others' {e['others_busy_ms']:.1f} ms")
+    if f["kind"] == "imbalance":
+        busy = sorted(f["evidence"]["busy_ms"].items(), key=_rank)
+        return (f"rank {f['rank']}'s own time (compute, data, optimizer) is the longest: "
+                + ", ".join(f"rank {r} {ms_:.1f} ms" for r, ms_ in busy) + f"; it costs {ms:.1f} ms/step "
+                f"({share:.0f} % of the step)")
+    if f["kind"] == "exposed_comm":
+        bw = "" if e["busbw_GBps"] is None else f", {e['busbw_GBps']:.3g} GB/s bus bandwidth"
+        return (f"{f['op']} ({f['group']}) of {format_bytes(f['bytes'])}: {ms:.1f} ms/step of transfer exposed "
+                f"({share:.0f} % of the step), {e['per_step']:.3g} a step{bw}")
+    if f["kind"] == "latency_bound":
+        return (f"{e['ops_per_step']:.3g} collectives a step under n½ = {format_bytes(int(e['n_half_bytes']))} on "
+                f"the bus (α {e['alpha_us']:.0f} µs, {e['bandwidth_GBps']:.3g} GB/s), {e['ms_per_step_in_them']:.1f} "
+                f"ms/step in them: fusing them saves {e['fusing_saves_ms']:.1f} ms of comm, {ms:.1f} ms/step "
+                f"({share:.0f} % of the step)")
+    return f"{ms:.1f} ms/step ({share:.0f} % of the step)"
+
+
+def _rank(item) -> int:
+    return int(item[0])  # JSON keys are strings once saved
+

@@ -7,23 +7,26 @@ import json
 from pathlib import Path
 
 import pytest
-from spawn import commprof
+from spawn import commprof, env_for_tests
 
 from commprof.findings.arrivals import analyze
 from commprof.predict import timeline
 
 SCRIPT = str(Path(__file__).with_name("scripts") / "straggler_train.py")
+PER_PARAM = str(Path(__file__).with_name("scripts") / "per_param_train.py")
 DELAY_MS = 20.0
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """name -> (its JSON, its process, its trace folder) for the slowed job and the balanced one."""
+    """name -> (its JSON, its process, its trace folder): the slowed job and the balanced one; every gradient
+    all-reduced on its own, and all of them fused into one all-reduce."""
     tmp = tmp_path_factory.mktemp("findings")
     out = {}
-    for name, delay in (("slowed", DELAY_MS), ("balanced", 0.0)):
+    for name, script, args in (("slowed", SCRIPT, ("--delay-ms", str(DELAY_MS))), ("balanced", SCRIPT, ()),
+                               ("per-param", PER_PARAM, ()), ("fused", PER_PARAM, ("--fused",))):
         proc = commprof("profile", "--nproc", "2", "--trace", str(tmp / name), "--json", str(tmp / f"{name}.json"),
-                        "--", SCRIPT, "--delay-ms", str(delay), "--steps", "12")
+                        "--", script, "--steps", "12", *args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = (json.loads((tmp / f"{name}.json").read_text()), proc, tmp / name)
     return out
@@ -65,3 +68,28 @@ def test_each_ranks_blocked_time_is_its_waits_and_transfers(jobs):
         assert split.blocked_ms == pytest.approx(sum(split.waiting_ms.values()) + split.transfer_ms, abs=1e-6)
         assert split.wall_ms == pytest.approx(split.busy_ms + split.blocked_ms, rel=0.05)
     assert {x.last for x in a.arrivals} <= {0, 1} and all(x.spread_ms >= 0 for x in a.arrivals)
+
+
+def test_many_small_all_reduces_are_latency_bound_and_one_fused_is_not(jobs):
+    found = [f for f in jobs["per-param"][0]["findings"]["items"] if f["kind"] == "latency_bound"]
+    assert len(found) == 1, jobs["per-param"][0]["findings"]
+    e = found[0]["evidence"]
+    assert 25 <= e["ops_per_step"] <= 32  # 32 parameters; DDP-free, so every step's ops are matched
+    # fusing k ops a step saves (k − 1)·α, by the fit's own α
+    assert e["fusing_saves_ms"] == pytest.approx((e["ops_per_step"] - 1) * e["alpha_us"] / 1e3, rel=0.05)
+    assert found[0]["step_ms_without"] < timeline.load(str(jobs["per-param"][2])).measured_wall_ms
+    assert not [f for f in jobs["fused"][0]["findings"]["items"] if f["kind"] == "latency_bound"]
+
+
+def test_run_names_the_rank_a_slow_fault_delays(tmp_path):
+    # COMMPROF_FAULT=slow on rank 1 before its one all-reduce a step (one bucket): the straggler of `run`.
+    # The cost is what the step loses: the delay less what rank 0's own time exceeds rank 1's (on a busy
+    # machine up to 4 ms of mnist-cnn's 4 ms step), so the delay is long beside it.
+    delay = 50.0
+    env = env_for_tests(COMMPROF_FAULT=f"slow:rank=1:op=all_reduce:ms={delay:g}")
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "10", "--warmup", "2", "--bucket-mb", "100",
+                    "--eval-samples", "0", "--trace", str(tmp_path / "t"), "--json", str(tmp_path / "r.json"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
+    assert (top["kind"], top["rank"]) == ("straggler", 1), top
+    assert top["ms_per_step"] == pytest.approx(delay, rel=0.15), top

@@ -21,7 +21,7 @@ from commprof.predict import timeline
 
 pytestmark = test_fabric.pytestmark  # the same skip
 RATE = "50mbit"
-RUN = ("--model", "squeezenet1_0", "--batch-size", "4", "--steps", "12", "--warmup", "2", "--eval-samples", "0")
+RUN = ("--model", "squeezenet1_0", "--batch-size", "4", "--steps", "7", "--warmup", "2", "--eval-samples", "0")
 
 
 @pytest.fixture(scope="module")

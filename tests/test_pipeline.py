@@ -105,11 +105,11 @@ def test_hybrid_dp_by_pp_on_four_ranks():
 def test_calibrated_bubble_matches_prediction():
     # both schedules in one job: four ranks start once
     proc = spawn([sys.executable, str(HERE / "bubble_worker.py"),
-                  json.dumps({"schedules": list(PIPES), "micro_batches": [2, 8]})], nproc=4, backend="gloo",
+                  json.dumps({"schedules": list(PIPES), "micro_batches": [8]})], nproc=4, backend="gloo",
                  timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [(r["schedule"], r["micro_batches"]) for r in rows] == [(s, m) for s in PIPES for m in (2, 8)]
+    assert [(r["schedule"], r["micro_batches"]) for r in rows] == [(s, 8) for s in PIPES]
     for row in rows:
         for measured in row["measured"]:
             assert measured == pytest.approx(row["predicted"], rel=0.15), row

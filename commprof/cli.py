@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not isinstance(sys.stdout, _ReaderGone):
         sys.stdout = _ReaderGone(sys.stdout)
+    if not isinstance(sys.stderr, _ReaderGone):  # `commprof … 2>&1 | head`: the same reader
+        sys.stderr = _ReaderGone(sys.stderr)
     chosen = next((a for a in argv if not a.startswith("-")), "")  # the subcommand, if argv names one
     try:
         if chosen in sweep.GRID_FLAGS and sweep.wanted(chosen, argv[argv.index(chosen) + 1:]):
@@ -39,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _ReaderGone:
-    """stdout that outlives its reader: after `commprof … | head` has read what it wanted, the rest goes to
-    /dev/null and the job goes on — rank 0 leaving on a broken pipe would fail its peers mid-collective."""
+    """stdout (or stderr) that outlives its reader: after `commprof … | head` has read what it wanted, the rest
+    goes to /dev/null and the job goes on — rank 0 leaving on a broken pipe would fail its peers mid-collective
+    and lose the job's results."""
 
     def __init__(self, stream) -> None:
         self._stream = stream

@@ -53,6 +53,17 @@ def test_a_reader_that_leaves_is_not_a_failure(backend):
     assert proc.stderr == "" and len(proc.stdout.splitlines()) == 3
 
 
+def test_a_reader_of_stdout_and_stderr_that_leaves_loses_no_result(tmp_path):
+    # `2>&1 | head`: rank 0's "trace:" and "json:" lines met the closed pipe on stderr, it left, and the job
+    # exited 3 with its results replaced by rank 1's error
+    out = tmp_path / "r.json"
+    command = (f"{sys.executable} -m commprof run --strategy ddp --nproc 2 --steps 4 --warmup 1 --eval-samples 0 "
+               f"--trace {tmp_path / 't'} --json {out} 2>&1 | head -2; exit ${{PIPESTATUS[0]}}")
+    proc = subprocess.run(["bash", "-c", command], env=env_for_tests(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert json.loads(out.read_text())["complete"] is True
+
+
 def _listening(pid: int) -> list[str]:
     """host:port of every listening TCP socket process `pid` holds, read from its own network namespace."""
     inodes = set()

@@ -149,3 +149,5 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD) -> dict:
         return {"threshold": threshold, "items": find(load(directory), threshold=threshold)}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
+    except Exception as exc:  # an analysis that fails must not take the job's measured results with it
+        return {"threshold": threshold, "items": None, "why": f"the analysis failed: {type(exc).__name__}: {exc}"}

@@ -6,7 +6,7 @@ ranks, and bad input refused in one line. tests/test_predict_fabric.py holds the
 import json
 
 import pytest
-from spawn import commprof
+from spawn import commprof, env_for_tests
 
 from commprof.bench.alphabeta import fit
 from commprof.errors import UsageError
@@ -203,3 +203,14 @@ def test_bad_input_is_one_line_exit_2(traced, args, words):
     assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=1GB/s", timeout=60)
     assert proc.returncode == 2 and "give a rate and a latency" in proc.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_prediction_table_fits_the_terminal_whole(traced, columns):
+    proc = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
+                    "--ranks-per-host", "4", "--ranks", "2,64,1024", env=env_for_tests(COLUMNS=str(columns)),
+                    timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout[proc.stdout.index("predicted step per rank count"):]
+    assert "…" not in table and max(map(len, table.splitlines())) <= columns, table
+    assert "1024" in table and "efficiency" in table

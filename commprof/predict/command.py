@@ -86,10 +86,14 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+PREDICT_NARROW_DROP = ("busy ms", "comm ms", "hosts", "throughput")
+"""The columns a narrow terminal leaves out of the prediction table, first to last (the JSON has them)."""
+
+
 def render(doc: dict) -> None:
     from rich.table import Table
 
-    from commprof.report.fit import results_console
+    from commprof.report.fit import Narrowing, results_console
 
     out = results_console()
     levels = ", ".join(f"{name} {lv['bandwidth_GBps']:.4g} GB/s + {lv['alpha_us']:.3g} µs ({lv['source']})"
@@ -100,7 +104,7 @@ def render(doc: dict) -> None:
                   f"host(s): {row['measured_step_ms']:.2f} ms/iteration; replayed there: "
                   f"{row['replayed_step_ms']:.2f} ms ({row['replayed_step_ms'] / row['measured_step_ms']:.3f}×)")
     table = Table(title="predicted step per rank count")
-    for name in ("strategy", "ranks", "hosts", "step ms", "comm ms", "exposed ms", "busy ms", "throughput",
+    for name in ("strategy", "ranks", "hosts", "step\nms", "comm\nms", "exposed\nms", "busy\nms", "throughput",
                  "efficiency"):
         table.add_column(name, justify="left" if name == "strategy" else "right")
     for row in doc["inputs"]:
@@ -109,11 +113,12 @@ def render(doc: dict) -> None:
             table.add_row(row["strategy"], str(p["ranks"]), str(p["hosts"]), f"{p['step_ms']:.2f}",
                           f"{p['comm_ms']:.2f}", f"{p['exposed_comm_ms']:.2f}", f"{p['busy_ms']:.2f}", rate,
                           f"{p['efficiency']:.3f}")
-    out.print(table)
+    out.print(Narrowing(table, PREDICT_NARROW_DROP))
 
 
 def plot(doc: dict, path: str) -> None:
-    from commprof.report.plots import _color, _figure
+    from commprof.report.figures import color as _color
+    from commprof.report.figures import figure as _figure
 
     with _figure(path, (10.0, 4.5), 1, 2) as (fig, axes):
         step, eff = axes[0][0], axes[0][1]

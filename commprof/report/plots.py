@@ -20,7 +20,7 @@ from commprof.report.figures import color as _color
 from commprof.report.figures import figure as _figure
 from commprof.report.units import format_bytes
 
-__all__ = ["DPI", "bench_plots", "run_plots", "_color", "_figure"]  # predict/command.py draws with the last two
+__all__ = ["DPI", "bench_plots", "run_plots"]
 BENCH_SIZE = (10.0, 4.5)
 ITERATION_SIZE = (8.0, 4.5)
 FACTOR_SIZE = (10.0, 7.5)

@@ -147,7 +147,9 @@ def test_run_plots_draw_the_summaries(reports, tmp_path):
     assert "pipeline bubble" not in bars["legend"] and len(bars["legend"]) == len(bars["segments"])
     tops = [sum(seg[i] for seg in bars["segments"].values()) for i in range(len(runs))]
     assert tops == pytest.approx(bars["wall_ms"], rel=1e-12)  # every stack ends at the table's wall
-    assert bars["segments"]["exposed_comm_ms"][0] > 0 and bars["segments"]["exposed_comm_ms"][2] == 0
+    # ddp's exposed comm is its table's figure (above), which may be 0: a median over iterations whose async
+    # buckets all completed before the wait (seen once); a single rank has none
+    assert summaries[0]["comm_ms"] > 0 and bars["segments"]["exposed_comm_ms"][2] == 0
 
     panels = drawn[factor]["panels"]
     assert drawn[factor]["factor"] == "batch_size"

@@ -180,7 +180,9 @@ def _iteration_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
     # a part no run has would be an empty legend entry
     segments = {key: [parts[key] for _, parts in stacks] for key, _ in SEGMENTS
                 if any(parts[key] > 0 for _, parts in stacks)}
-    with _figure(path, ITERATION_SIZE, keep=keep) as (fig, axes):
+    # a bar's slot stays ~0.55 in wide however many runs: its label, upright, and its wall figure fit over it
+    size = (max(ITERATION_SIZE[0], 3.0 + 0.55 * len(runs)), ITERATION_SIZE[1])
+    with _figure(path, size, keep=keep) as (fig, axes):
         ax = axes[0][0]
         bottom = [0.0] * len(runs)
         for i, (key, name) in enumerate(SEGMENTS):
@@ -198,10 +200,8 @@ def _iteration_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
         ax.set_ylabel("ms per iteration")
         if segments:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
-        if len(runs) > 4:  # long labels, slanted and ending under their bar
-            ax.tick_params(axis="x", labelrotation=20)
-            for tick in ax.get_xticklabels():
-                tick.set_horizontalalignment("right")
+        if len(runs) > 4:  # long labels, upright under their bar: slanted ones ran into their neighbours'
+            ax.tick_params(axis="x", labelrotation=90, labelsize=8)
     return {"labels": labels, "wall_ms": walls, "scale": scale, "segments": segments, "legend": _legend_labels(ax)}
 
 

@@ -180,8 +180,11 @@ def _iteration_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
     # a part no run has would be an empty legend entry
     segments = {key: [parts[key] for _, parts in stacks] for key, _ in SEGMENTS
                 if any(parts[key] > 0 for _, parts in stacks)}
-    # a bar's slot stays ~0.55 in wide however many runs: its label, upright, and its wall figure fit over it
-    size = (max(ITERATION_SIZE[0], 3.0 + 0.55 * len(runs)), ITERATION_SIZE[1])
+    # a bar's slot stays ~0.55 in wide however many runs, and upright labels (8 pt, ~0.075 in a character) get
+    # their height below the axes, which keep theirs
+    upright = len(runs) > 4
+    size = (max(ITERATION_SIZE[0], 3.0 + 0.55 * len(runs)),
+            ITERATION_SIZE[1] + (0.075 * max(map(len, labels)) if upright else 0.0))
     with _figure(path, size, keep=keep) as (fig, axes):
         ax = axes[0][0]
         bottom = [0.0] * len(runs)
@@ -200,7 +203,7 @@ def _iteration_plot(runs: list[dict], path: Path, keep: dict | None) -> dict:
         ax.set_ylabel("ms per iteration")
         if segments:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
-        if len(runs) > 4:  # long labels, upright under their bar: slanted ones ran into their neighbours'
+        if upright:  # long labels, upright under their bar: slanted ones ran into their neighbours'
             ax.tick_params(axis="x", labelrotation=90, labelsize=8)
     return {"labels": labels, "wall_ms": walls, "scale": scale, "segments": segments, "legend": _legend_labels(ax)}
 

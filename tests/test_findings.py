@@ -47,10 +47,19 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
 
 
 def test_a_balanced_job_names_no_straggler_or_imbalance(jobs):
-    doc, proc, _ = jobs["balanced"]
-    kinds = [f["kind"] for f in doc["findings"]["items"]]
-    assert "straggler" not in kinds and "imbalance" not in kinds, doc["findings"]
+    doc, proc, trace = jobs["balanced"]
     assert doc["findings"]["threshold"] == 0.03
+    found = {f["kind"]: f for f in doc["findings"]["items"]}
+    assert "imbalance" not in found, doc["findings"]
+    # The control, from the same job: its ranks' own times. A loaded machine can make one rank's own time
+    # longer in every step (seen once: rank 0 by 2 ms of a 5 ms step, load ~6 on 2 cores); then its peer
+    # does wait for it and saying so is no false finding. Otherwise there must be none.
+    own = [r.busy_ms for r in analyze(timeline.load(str(trace))).ranks]
+    if max(own) <= min(own) * 1.10:
+        assert "straggler" not in found, (doc["findings"], own)
+    elif "straggler" in found:
+        excess = max(own) - min(own)
+        assert found["straggler"]["ms_per_step"] <= 1.5 * excess and excess < DELAY_MS / 4, (found, own)
 
 
 def test_report_prints_the_saved_findings_again(jobs, tmp_path):

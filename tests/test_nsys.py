@@ -11,6 +11,7 @@ import os
 import shutil
 import sqlite3
 import stat
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -187,12 +188,17 @@ def test_every_op_is_an_in_flight_range_as_long_as_the_trace_span(ddp_profiled):
         flights = nvtx_rows(report, "commprof comm (world)", START_END)
         ops = trace_ops(trace.load(traced / f"rank{rank}.trace.json"))
         assert len(flights) == len(ops) == 3  # one bucket a step, 3 measured steps
+        overhang = []
         for (_, start, end, text, category, colour, payload), op in zip(flights, ops):
             assert (text, category, colour, payload) == ("all_reduce (world) 85.3 KiB float32", "comm",
                                                          COLORS["comm"], 87_360)
             assert op["name"] == "all_reduce (world)"
+            # the range brackets the op's two stamps: never shorter than the span; longer by two NVTX calls
+            # and whatever the scheduler adds, typically a small part of the op (tests/test_nvtx_run.py)
             in_flight, span = end - start, op["dur"] * 1e3
-            assert abs(in_flight - span) <= 0.05 * span, (in_flight, span)
+            assert in_flight >= span - 2, (in_flight, span)
+            overhang.append(in_flight - span)
+        assert statistics.median(overhang) <= 0.5 * statistics.median(op["dur"] * 1e3 for op in ops), overhang
         # each begins inside the call that issued it; together they last longer than those calls (the point
         # of them: an async op is in flight well after its issuing call has returned)
         issued = [row for row in nvtx_rows(report, "commprof", PUSH_POP) if row[4] == "comm"]

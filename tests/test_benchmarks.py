@@ -46,6 +46,8 @@ PROMISES: dict[str, list[tuple]] = {
     "oplog_gc": [("measures", "gc", "ratio"), ("measures", "gc", "paired_ratio_ci95")],
     "pipeline_vs_torch": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "parity", "max_abs_diff")],
     "predict_fabric": [("results", 0, "rows", 0, "ratio"), ("results", 0, "rows", 0, "predicted_step_ms")],
+    "profile_cost": [("rows", 4, "workload"), ("rows", 1, "ratio", "profiled"),
+                     ("rows", 1, "ratio_ci95", "profiled")],
     "run_overhead": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "recording_cost_us")],
     "run_vs_torch": [("pairs", "ddp", "ratio"), ("pairs", "ddp", "ratio_ci95"), ("pairs", "fsdp", "ratio")],
     "startup": [("summary", "help", "ratio"), ("summary", "help", "paired_ratio_ci95")],

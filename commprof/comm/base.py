@@ -253,5 +253,6 @@ class Comm:
         """Block until backend `work` (a torch Work or MPI Request) has completed."""
         raise NotImplementedError
 
-    def _watch_completion(self, work, done) -> None:
-        """Arrange for `done(perf_counter_ns())` to run when `work` completes, if the backend can tell."""
+    def _watch_completion(self, work, done, name: str) -> None:
+        """Arrange for `done(perf_counter_ns())` to run when `work`, op `name`'s, completes, if the backend
+        can tell."""

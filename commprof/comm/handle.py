@@ -30,7 +30,7 @@ class Handle:
         """Completion, once logged."""
         self._waiting = False
         self._waited = False
-        comm._watch_completion(work, self._completed)
+        comm._watch_completion(work, self._completed, name)
 
     def _completed(self, end) -> None:
         """The backend's future fired (its own thread)."""
@@ -68,8 +68,10 @@ class Handle:
         return self._waited or self._end is not None
 
     def get_future(self):
-        """The backend's future (torch works; before wait()), for callers that chain on it."""
-        return self._work.get_future()
+        """The backend's future (torch works; before wait()), for callers that chain on it; None where the
+        backend has none for this op (an MPI request, gloo's send and recv)."""
+        future_of = getattr(self._comm, "future_of", None)
+        return future_of(self._work, self._name) if future_of is not None else None
 
     def wait(self) -> None:
         if self._waited:

@@ -60,10 +60,7 @@ class Work(c10d.Work):
     def __init__(self, handle, after=None) -> None:
         super().__init__()
         self._handle, self._after = handle, after
-        try:  # taken now: the handle lets its backend work go once waited on
-            self._future = handle.get_future()
-        except (AttributeError, RuntimeError):  # MPI requests, and gloo works without one
-            self._future = None
+        self._future = handle.get_future()  # taken now: the handle lets its backend work go once waited on
 
     def wait(self, timeout=None) -> bool:
         self._handle.wait()

@@ -45,6 +45,8 @@ class TorchComm(Comm):
         self._ranks = ranks
         self._control = control_group
         self.members = list(ranks)
+        self._futureless: set[str] = set()
+        """Ops whose works have no future on this backend (future_of)."""
 
     @classmethod
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
@@ -116,14 +118,25 @@ class TorchComm(Comm):
         for w in work if isinstance(work, list) else (work,):
             w.wait()
 
-    def _watch_completion(self, work, done) -> None:
+    def _watch_completion(self, work, done, name: str) -> None:
         if isinstance(work, list) or self.device.type == "cuda":
             return  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
+        future = self.future_of(work, name)
+        if future is not None:  # else completion is seen at wait()
+            future.add_done_callback(lambda _: done(time.perf_counter_ns()))
+
+    def future_of(self, work, name: str):
+        """`work`'s future, or None where the backend gives op `name` none (gloo's send and recv). Known
+        after the first ask: an ask that fails throws a C++ error with its backtrace, 8-15 µs, and a p2p op
+        was asked twice (here and by interpose's Work) — 40 µs on an isend/irecv of 6 µs, a third of a
+        pipeline step (benchmarks/profile_cost.py)."""
+        if name in self._futureless or isinstance(work, list):
+            return None
         try:
-            future = work.get_future()
-        except RuntimeError:  # some gloo works have no future: completion is seen at wait()
-            return
-        future.add_done_callback(lambda _: done(time.perf_counter_ns()))
+            return work.get_future()
+        except RuntimeError:
+            self._futureless.add(name)
+            return None
 
     # ---- control plane ------------------------------------------------------------------------
     def _gather_object(self, obj, dst):

@@ -1,0 +1,239 @@
+"""What `commprof profile` costs each kind of training, the script unchanged: per workload, the step as the
+script times it, plain (ranks with torchrun's variables) against `commprof profile`, 2 gloo ranks, and a
+second plain arm against the first (A/A: the noise of the comparison itself).
+
+Workloads (`--workloads`):
+- ddp: torch's DistributedDataParallel, ResNet-18 (torchvision) on CIFAR-sized batches of 32, SGD;
+- fsdp2: `fully_shard` per block of a small transformer (4 blocks, width 128, 64 tokens) then the root,
+  Adam, `clip_grad_norm_` every step, the full state gathered once after the last step;
+- pipeline: torch.distributed.pipelining's GPipe schedule, one stage of 4 Linear(256) per rank,
+  8 micro-batches;
+- tp: a DTensor MLP (ColwiseParallel then RowwiseParallel, width 1024, batch 128) under
+  `parallelize_module`, Adam;
+- small: 200 all_reduces of 8 floats a step, nothing else.
+
+Rounds alternate which arm goes first; each run's figure is the median of its steps after the warm-up;
+the ratio is arm/plain per round, and its median over rounds is the result, with its 95 % CI
+(common.median_ci).
+
+    python benchmarks/profile_cost.py [--quick] [--workloads ddp,fsdp2,pipeline,tp,small] [--rounds 5]
+                                      [--steps 30] [--warmup 5] [--json PATH]
+
+--quick: every workload, plain and profiled (no A/A), one round of 3 steps after 1 of warm-up, ddp on a
+small CNN; to see that it runs.
+Target: profiled/plain ≤ 1.02 on each. Results: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from common import image_model, job, median_ci, order, parse, parser, ranks, with_root
+
+TARGET = 1.02
+WORKLOADS = ("ddp", "fsdp2", "pipeline", "tp", "small")
+QUICK = {"rounds": 1, "steps": 4, "warmup": 1, "model": "small"}
+"""--quick: one round of 4 steps after 1 of warm-up; ddp on a small CNN; no A/A arm."""
+ARMS = ("plain", "plain again", "profiled")
+RUN_TIMEOUT_S = 900
+
+
+# ---- the workloads: each returns one training step, run in a rank --------------------------------------
+def ddp(model_name: str):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(image_model(model_name))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step, lambda: None
+
+
+def fsdp2(_):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    width, vocab = 128, 512
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.attn = torch.nn.MultiheadAttention(width, 4, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab, width), *(Block() for _ in range(4)),
+                                torch.nn.Linear(width, vocab))
+    for block in model[1:5]:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, vocab, (8, 64), generator=torch.Generator().manual_seed(0))
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def pipeline(_):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    module = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, 8, loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g)
+
+    def step():
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: None
+
+
+def tp(_):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(128, 1024, generator=torch.Generator().manual_seed(0))
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: None
+
+
+def small(_):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(8)
+
+    def step():
+        for _ in range(200):
+            dist.all_reduce(t)
+
+    return step, lambda: None
+
+
+def script(workload: str, steps: int, warmup: int, model_name: str) -> None:
+    """One rank's run: prints its median step time (ms) after the warm-up as a JSON line."""
+    import gc
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    step, after = globals()[workload](model_name)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    after()
+    if dist.get_rank() == 0:
+        print(json.dumps({"step_ms": statistics.median(times[warmup:])}), flush=True)
+    # a module holding the group, left to interpreter exit, lets gloo's threads abort the process
+    del step, after
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def run(arm: str, workload: str, steps: int, warmup: int, model: str) -> float:
+    env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
+    env.pop("THP_MEM_ALLOC_ENABLE", None)  # the same allocator in every arm
+    args = [__file__, "--script", workload, "--steps", str(steps), "--warmup", str(warmup), "--model", model]
+    what = f"profile_cost: {workload}, {arm}"
+    if arm == "profiled":
+        outs = [job([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--", *args], env=env,
+                    timeout_s=RUN_TIMEOUT_S, what=what)]
+    else:
+        outs = ranks([sys.executable, *args], 2, env=env, timeout_s=RUN_TIMEOUT_S, what=what)
+    line = next(line for out in outs for line in out.splitlines() if line.startswith('{"step_ms"'))
+    return json.loads(line)["step_ms"]
+
+
+def main() -> None:
+    p = parser(__doc__, json="profile-cost-results.json")
+    p.add_argument("--script", choices=WORKLOADS, help=argparse.SUPPRESS)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first, of --steps (default 5)")
+    p.add_argument("--model", choices=("resnet18", "small"), default="resnet18", help="ddp's model")
+    args = parse(p, QUICK)
+    if args.script:
+        script(args.script, args.steps, args.warmup, args.model)
+        return
+    workloads = args.workloads.split(",")
+    if unknown := set(workloads) - set(WORKLOADS):
+        p.error(f"--workloads: no workload {', '.join(sorted(unknown))} (choose from {', '.join(WORKLOADS)})")
+    if args.rounds < 1 or not 0 <= args.warmup < args.steps:
+        p.error("--rounds must be at least 1, and --steps more than --warmup")
+    arms = ("plain", "profiled") if args.quick else ARMS
+    rows = []
+    for workload in workloads:
+        rounds = []
+        for r in range(args.rounds):
+            got = {arm: run(arm, workload, args.steps, args.warmup, args.model) for arm in order(arms, r)}
+            rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in arms[1:]}})
+        row = {"workload": workload, "rounds": rounds,
+               "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in arms},
+               "ratio": {arm: statistics.median(x["ratio"][arm] for x in rounds) for arm in arms[1:]},
+               "ratio_ci95": {arm: median_ci([x["ratio"][arm] for x in rounds]) for arm in arms[1:]}}
+        rows.append(row)
+        said = {a: f"{row['ratio'][a]:.3f} ({row['ratio_ci95'][a][0]:.3f} … {row['ratio_ci95'][a][1]:.3f})"
+                for a in arms[1:]}
+        print(f"{workload}: plain {row['ms']['plain']:.1f} ms; profiled/plain {said['profiled']}"
+              + (f"; A/A {said['plain again']}" if "plain again" in said else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "target": TARGET, "steps": args.steps,
+                                               "warmup": args.warmup, "model": args.model}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,13 +4,14 @@ output and exit code passed through, its failures shown once, and DDP/FSDP2 trai
 as the same script run without commprof."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from invariants import check_run
-from spawn import commprof, spawn
+from spawn import commprof, env_for_tests, spawn
 
 SCRIPTS = Path(__file__).with_name("scripts")
 
@@ -92,6 +93,11 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}
+        # outside: the warm-up step's, and the script's full_tensor() of every parameter at the end (functional
+        # all-gathers, through Comm like the rest)
+        assert doc["unseen"] == {}
+        outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+        assert outside == {"all_gather": (6 + len(tensors), 2 * params + params), "reduce_scatter": (3, params)}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -116,23 +122,72 @@ def test_a_missing_script_and_one_without_a_process_group_get_one_line(tmp_path)
     assert len(lines) == 1 and "never initialised a torch.distributed process group" in lines[0]
 
 
-def test_functional_collectives_are_counted_as_unseen(tmp_path):
+FUNCTIONAL = """\
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+dist.init_process_group()
+r, n, world = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+for _ in range(3):
+    assert funcol.all_reduce(torch.ones(8), "sum", world).wait().tolist() == [float(n)] * 8
+    assert funcol.all_reduce(torch.full((4,), float(r)), "avg", world).wait().tolist() == [(n - 1) / 2] * 4
+    assert funcol.all_gather_single(torch.full((2,), float(r)), 0, world).wait().tolist() == \\
+        [float(i) for i in range(n) for _ in range(2)]
+    assert funcol.reduce_scatter_tensor(torch.ones(4 * n), "sum", 0, world).wait().tolist() == [float(n)] * 4
+    assert funcol.broadcast(torch.full((3,), float(r)), 0, world).wait().tolist() == [0.0] * 3
+    assert funcol.all_to_all_single(torch.full((n,), float(r)), None, None, world).wait().tolist() == \\
+        [float(i) for i in range(n)]
+    out = funcol.all_reduce_coalesced([torch.ones(2), torch.ones(3)], "sum", world)
+    assert [t.wait().tolist() for t in out] == [[float(n)] * 2, [float(n)] * 3]
+    dist.all_reduce(torch.ones(8))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
+    # the ops DTensor, tensor parallelism and FSDP2's clip_grad_norm_ and full_tensor() dispatch: timed and
+    # counted with their bytes beside the script's own all_reduce, each once; the coalesced form is torch's
     script = tmp_path / "funcol.py"
-    script.write_text("import torch, torch.distributed as dist\n"
-                      "import torch.distributed._functional_collectives as funcol\n"
-                      "dist.init_process_group()\n"
-                      "for _ in range(3):\n"
-                      "    out = funcol.all_reduce(torch.ones(8), 'sum', dist.group.WORLD)\n"
-                      "    assert out.wait().tolist() == [2.0] * 8\n"
-                      "    dist.all_reduce(torch.ones(8))\n"
-                      "dist.destroy_process_group()\n")
+    script.write_text(FUNCTIONAL)
     out = tmp_path / "out.json"
-    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script))
+    proc = commprof("profile", "--nproc", str(nproc), "--json", str(out), str(script))
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["unseen"] == {"functional all_reduce": 2 * 3}  # both ranks, three calls each
-    assert doc["outside_iterations"]["all_reduce"]["calls"] == 3  # the plain ones: seen (no optimizer here)
-    assert "unseen (ran as torch's own" in proc.stdout and "functional all_reduce ×6" in proc.stdout
+    assert doc["unseen"] == {"functional all_reduce_coalesced": nproc * 3}  # every rank, three calls each
+    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+    assert outside == {"all_reduce": (3 * 3, 3 * (32 + 16 + 32)), "all_gather": (3, 3 * nproc * 8),
+                       "reduce_scatter": (3, 3 * nproc * 16), "broadcast": (3, 3 * 12),
+                       "all_to_all": (3, 3 * nproc * 4)}
+    assert "functional all_reduce_coalesced ×" in proc.stdout
+
+
+COMPILED = """\
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+dist.init_process_group()
+
+@torch.compile(backend="inductor")
+def step(x):
+    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+for _ in range(3):
+    assert step(torch.ones(16)).tolist() == [2.0 * dist.get_world_size() + 1] * 16
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor on CPU compiles C++")
+def test_an_all_reduce_inside_a_compiled_graph_is_counted(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    out = tmp_path / "out.json"
+    env = env_for_tests(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # compiled here, not read back
+    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["unseen"] == {}
+    assert doc["outside_iterations"] == {"all_reduce": {"calls": 3, "payload_bytes": 3 * 64, "wire_bytes": 3 * 64}}
 
 
 def test_the_first_rank_to_exit_non_zero_sets_the_jobs_code(tmp_path):

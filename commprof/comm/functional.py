@@ -1,50 +1,135 @@
-"""Functional collectives (`torch.distributed._functional_collectives`: what DTensor redistribution, tensor
-parallel layers and `torch.compile`d code call) counted as they run, so a profile can say they were there.
+"""Functional collectives through Comm: the ops `torch.distributed._functional_collectives` dispatches
+(`torch.ops._c10d_functional.*`), which DTensor redistribution, tensor-parallel layers, FSDP2's
+`clip_grad_norm_` and `full_tensor()`, and `torch.compile`d graphs all reach, whether called from Python or
+from compiled code.
 
-They return tensors that complete later, through ops dispatched to c10d from C++, so Comm cannot time them;
-counting the Python calls is what can be done honestly. Calls made inside a compiled graph never reach
-Python and stay uncounted.
-
-    functional.install(counter)   # counter["functional all_reduce"] += 1 per call, the call unchanged
+    functional.install(interposer)   # CPU tensors: each op through the Comm of its process group
     functional.uninstall()
+
+`install` gives these ops CPU kernels of commprof's own (torch.library, over torch's
+CompositeExplicitAutograd kernel): each issues the op on its group's Comm — timed, counted and NVTX-wrapped
+there like every other op — and hands torch the Work to wait on (`wait_tensor`, which the result's first use
+or the compiled graph calls), so the result completes as torch's would. Routed: all_reduce (and in place),
+all_gather_into_tensor (and _out), reduce_scatter_tensor, broadcast (and in place), all_to_all_single with
+equal splits. Run by torch's own kernel and counted in `unseen` as "functional <op>": the coalesced forms,
+a reduction Comm has no form for, unequal splits, and every op on a device other than the CPU (NCCL's
+stream order is torch's to keep).
 
 Exercised by: `pytest tests/test_profile_cli.py -k functional`.
 """
 
 from __future__ import annotations
 
-from functools import wraps
+import torch
+from torch.distributed import distributed_c10d as c10d
 
-import torch.distributed._functional_collectives as funcol
+from commprof.comm.interpose import Work
 
-NAMES = ("all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_tensor_autograd",
-         "all_gather_single", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-         "reduce_scatter_tensor_autograd", "reduce_scatter_single", "reduce_scatter_tensor_coalesced",
-         "all_to_all_single", "all_to_all_single_autograd", "broadcast", "permute_tensor")
-"""The public functional collectives counted (those this torch has)."""
+_REDUCE = {"sum": "sum", "avg": "avg", "product": "prod", "min": "min", "max": "max"}
+"""Functional reduce-op names → Comm's."""
 
-_SAVED: dict = {}
+COUNTED = ("all_reduce_coalesced", "all_reduce_coalesced_", "all_gather_into_tensor_coalesced",
+           "reduce_scatter_tensor_coalesced")
+"""Ops left to torch on every device, counted."""
 
-
-def install(counter) -> None:
-    """Count every call of a functional collective in `counter` under "functional <name>"."""
-    for name in NAMES:
-        original = getattr(funcol, name, None)
-        if original is None or name in _SAVED:
-            continue
-        _SAVED[name] = original
-        setattr(funcol, name, _counted(original, counter, f"functional {name}"))
+_LIB: list = []
+_TORCH = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
-def _counted(original, counter, key: str):
-    @wraps(original)
-    def call(*args, **kwargs):
-        counter[key] += 1
-        return original(*args, **kwargs)
-    return call
+def install(interposer) -> None:
+    """Route the functional collectives of CPU tensors through `interposer`'s Comms; count the rest in
+    `interposer.unseen`."""
+    if _LIB:
+        return
+    ops = torch.ops._c10d_functional
+    lib = torch.library.Library("_c10d_functional", "IMPL")
+    _LIB.append(lib)
+    kernels = _Kernels(interposer)
+    for name in ("all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
+                 "reduce_scatter_tensor", "broadcast", "broadcast_", "all_to_all_single"):
+        if hasattr(ops, name):
+            lib.impl(name, getattr(kernels, name), "CPU")
+            lib.impl(name, kernels.counted(name), "CUDA")
+    for name in COUNTED:
+        if hasattr(ops, name):
+            for key in ("CPU", "CUDA"):
+                lib.impl(name, kernels.counted(name), key)
 
 
 def uninstall() -> None:
-    for name, original in _SAVED.items():
-        setattr(funcol, name, original)
-    _SAVED.clear()
+    while _LIB:
+        _LIB.pop()._destroy()
+
+
+class _Kernels:
+    """The CPU kernels: torch's signatures, Comm's calls."""
+
+    def __init__(self, interposer) -> None:
+        self._interposer = interposer
+
+    def _comm(self, group_name):
+        group = c10d._resolve_process_group(group_name) if isinstance(group_name, str) else group_name
+        return self._interposer.comm(group)
+
+    def _torch(self, name: str, *args, **kwargs):
+        """torch's own kernel for op `name`, counted as unseen."""
+        self._interposer.unseen[f"functional {name}"] += 1
+        return getattr(torch.ops._c10d_functional, name).default.redispatch(_TORCH, *args, **kwargs)
+
+    def counted(self, name: str):
+        return lambda *args, **kwargs: self._torch(name, *args, **kwargs)
+
+    @staticmethod
+    def _pending(out, handle):
+        """`out`, completed when torch's wait_tensor waits on the op (interpose's Work: Comm's wait)."""
+        torch._C._distributed_c10d._register_work(out, Work(handle))
+        return out
+
+    def all_reduce_(self, input, reduce_op, group_name):
+        op = _REDUCE.get(reduce_op.lower())
+        if op is None or not input.is_contiguous():
+            return self._torch("all_reduce_", input, reduce_op, group_name)
+        return self._pending(input, self._comm(group_name).all_reduce(input, op=op, async_op=True))
+
+    def all_reduce(self, input, reduce_op, group_name):
+        if _REDUCE.get(reduce_op.lower()) is None:
+            return self._torch("all_reduce", input, reduce_op, group_name)
+        return self.all_reduce_(input.clone(memory_format=torch.contiguous_format), reduce_op, group_name)
+
+    def all_gather_into_tensor_out(self, input, group_size, group_name, *, out):
+        if not out.is_contiguous():
+            return self._torch("all_gather_into_tensor_out", input, group_size, group_name, out=out)
+        comm = self._comm(group_name)
+        return self._pending(out, comm.all_gather(out, input.contiguous(), async_op=True))
+
+    def all_gather_into_tensor(self, input, group_size, group_name):
+        out = input.new_empty((input.shape[0] * group_size, *input.shape[1:]) if input.dim() else (group_size,))
+        return self.all_gather_into_tensor_out(input, group_size, group_name, out=out)
+
+    def reduce_scatter_tensor(self, input, reduce_op, group_size, group_name):
+        op = _REDUCE.get(reduce_op.lower())
+        if op is None or input.dim() == 0 or input.shape[0] % group_size:
+            return self._torch("reduce_scatter_tensor", input, reduce_op, group_size, group_name)
+        out = input.new_empty((input.shape[0] // group_size, *input.shape[1:]))
+        comm = self._comm(group_name)
+        return self._pending(out, comm.reduce_scatter(out, input.contiguous(), op=op, async_op=True))
+
+    def broadcast_(self, input, src, group_name):
+        if not input.is_contiguous():
+            return self._torch("broadcast_", input, src, group_name)
+        # src is a rank of the group, as torch's kernel passes it to the group's broadcast
+        return self._pending(input, self._comm(group_name).broadcast(input, src=src, async_op=True))
+
+    def broadcast(self, input, src, group_name):
+        return self.broadcast_(input.clone(memory_format=torch.contiguous_format), src, group_name)
+
+    def all_to_all_single(self, input, output_split_sizes, input_split_sizes, group_name):
+        comm = self._comm(group_name)
+        rows = input.shape[0] if input.dim() else 0
+        equal = rows % comm.world_size == 0 and all(
+            list(splits) in ([], [rows // comm.world_size] * comm.world_size)
+            for splits in (output_split_sizes, input_split_sizes))
+        if not equal:  # Comm's all_to_all has equal chunks only
+            return self._torch("all_to_all_single", input, output_split_sizes, input_split_sizes, group_name)
+        out = torch.empty_like(input, memory_format=torch.contiguous_format)
+        return self._pending(out, comm.all_to_all(out, input.contiguous(), async_op=True))

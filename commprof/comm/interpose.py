@@ -17,9 +17,10 @@ irecv, batch_isend_irecv; sync and async, any process group. `P2POp` becomes a s
 rebound isend/irecv (torch's own check compares against its originals; pipelining compares `op.op` with
 `dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by name): what Comm has no form
 for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a tensor that is not contiguous,
-recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call). Not
-seen at all: functional collectives, calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it)
-and calls through `distributed_c10d` by name.
+recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call).
+Functional collectives are not these functions' to see: comm/functional.py routes them. Not seen at all:
+calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it) and calls through `distributed_c10d`
+by name.
 
 Exercised by: `pytest tests/test_interpose.py`.
 """

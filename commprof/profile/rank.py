@@ -80,7 +80,7 @@ class Session:
         self.watchdog: Watchdog | None = None
         if cfg.ddp_reducer:
             ddp_reducer.install(self.interposer)
-        functional.install(self.interposer.unseen)
+        functional.install(self.interposer)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
         self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self.initialised = False

@@ -12,7 +12,7 @@ processes step by step: ResNet-18 (torchvision, CIFAR-10-sized synthetic batches
              optimizer and autograd hooks that find iterations and phases (switched off between them).
 
 Each arm's step is timed whole and the arms rotate through the orders, so each step shares its neighbours'
-moment of this noisy machine, which whole runs launched apart do not (benchmarks/ddp_profiled.py: ±15 %
+moment of this noisy machine, which whole runs launched apart do not (an earlier whole-run benchmark: ±15 %
 between rounds). The models train on the same batches and end equal (checked), so a ratio is a cost alone.
 
     python benchmarks/ddp_reducer_cost.py [--quick] [--turns 24] [--warmup 3] [--model resnet18] [--json PATH]

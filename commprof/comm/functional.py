@@ -15,7 +15,7 @@ equal splits. Run by torch's own kernel and counted in `unseen` as "functional <
 a reduction Comm has no form for, unequal splits, and every op on a device other than the CPU (NCCL's
 stream order is torch's to keep).
 
-Exercised by: `pytest tests/test_profile_cli.py -k functional`.
+Exercised by: `pytest tests/test_profile_cli.py -k "functional or compiled or native"`.
 """
 
 from __future__ import annotations

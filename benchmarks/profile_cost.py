@@ -19,8 +19,8 @@ the ratio is arm/plain per round, and its median over rounds is the result, with
     python benchmarks/profile_cost.py [--quick] [--workloads ddp,fsdp2,pipeline,tp,small] [--rounds 5]
                                       [--steps 30] [--warmup 5] [--json PATH]
 
---quick: every workload profiled, one run of 4 steps after 1 of warm-up, ddp on a small CNN: to see that
-each runs under `commprof profile` (no plain arm, so no ratio).
+--quick: every workload profiled, one after another in one job of 4 steps each after 1 of warm-up, ddp on
+a small CNN: to see that each runs under `commprof profile` (no plain arm, so no ratio).
 Target: profiled/plain ≤ 1.02 on each. Results: benchmarks/README.md.
 """
 
@@ -38,7 +38,8 @@ from common import image_model, job, median_ci, order, parse, parser, ranks, wit
 TARGET = 1.02
 WORKLOADS = ("ddp", "fsdp2", "pipeline", "tp", "small")
 QUICK = {"rounds": 1, "steps": 4, "warmup": 1, "model": "small"}
-"""--quick: every workload, one profiled run of 4 steps after 1 of warm-up."""
+"""--quick: every workload in one profiled job (ranks start once: it is their start-up that costs), 4 steps
+each after 1 of warm-up."""
 ARMS = ("plain", "plain again", "profiled")
 RUN_TIMEOUT_S = 900
 
@@ -158,8 +159,9 @@ def small(_):
     return step, lambda: None
 
 
-def script(workload: str, steps: int, warmup: int, model_name: str) -> None:
-    """One rank's run: prints its median step time (ms) after the warm-up as a JSON line."""
+def script(workloads: list[str], steps: int, warmup: int, model_name: str) -> None:
+    """One rank's run of each workload in turn: prints its median step time (ms) after the warm-up as a
+    JSON line per workload."""
     import gc
     import time
 
@@ -167,39 +169,57 @@ def script(workload: str, steps: int, warmup: int, model_name: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    step, after = globals()[workload](model_name)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    after()
-    if dist.get_rank() == 0:
-        print(json.dumps({"step_ms": statistics.median(times[warmup:])}), flush=True)
-    # a module holding the group, left to interpreter exit, lets gloo's threads abort the process
-    del step, after
-    gc.collect()
+    for workload in workloads:
+        torch.manual_seed(0)
+        step, after = globals()[workload](model_name)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - start) * 1e3)
+        after()
+        if dist.get_rank() == 0:
+            print(json.dumps({"workload": workload, "step_ms": statistics.median(times[warmup:])}), flush=True)
+        # a module holding the group, left to interpreter exit, lets gloo's threads abort the process
+        del step, after
+        gc.collect()
     dist.destroy_process_group()
 
 
-def run(arm: str, workload: str, steps: int, warmup: int, model: str) -> float:
+def run(arm: str, workloads: list[str], steps: int, warmup: int, model: str) -> dict[str, float]:
+    """One job of `arm` running each workload in turn: workload -> its median step (ms)."""
     env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
     env.pop("THP_MEM_ALLOC_ENABLE", None)  # the same allocator in every arm
-    args = [__file__, "--script", workload, "--steps", str(steps), "--warmup", str(warmup), "--model", model]
-    what = f"profile_cost: {workload}, {arm}"
+    args = [__file__, "--script", ",".join(workloads), "--steps", str(steps), "--warmup", str(warmup), "--model", model]
+    what = f"profile_cost: {', '.join(workloads)}, {arm}"
     if arm == "profiled":
         outs = [job([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--", *args], env=env,
                     timeout_s=RUN_TIMEOUT_S, what=what)]
     else:
         outs = ranks([sys.executable, *args], 2, env=env, timeout_s=RUN_TIMEOUT_S, what=what)
-    line = next(line for out in outs for line in out.splitlines() if line.startswith('{"step_ms"'))
-    return json.loads(line)["step_ms"]
+    got = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith('{"workload"')]
+    return {x["workload"]: x["step_ms"] for x in got}
+
+
+def compare(workload: str, args: argparse.Namespace) -> dict:
+    """The workload's arms, interleaved over --rounds, one job each: its row, printed as a line too."""
+    rounds = []
+    for r in range(args.rounds):
+        got = {arm: run(arm, [workload], args.steps, args.warmup, args.model)[workload] for arm in order(ARMS, r)}
+        rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in ARMS[1:]}})
+    row = {"workload": workload, "rounds": rounds,
+           "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in ARMS},
+           "ratio": {arm: statistics.median(x["ratio"][arm] for x in rounds) for arm in ARMS[1:]},
+           "ratio_ci95": {arm: median_ci([x["ratio"][arm] for x in rounds]) for arm in ARMS[1:]}}
+    aa, prof = (f"{row['ratio'][a]:.3f} ({row['ratio_ci95'][a][0]:.3f} … {row['ratio_ci95'][a][1]:.3f})"
+                for a in ARMS[1:])
+    print(f"{workload}: plain {row['ms']['plain']:.1f} ms; profiled/plain {prof}; A/A {aa}", flush=True)
+    return row
 
 
 def main() -> None:
     p = parser(__doc__, json="profile-cost-results.json")
-    p.add_argument("--script", choices=WORKLOADS, help=argparse.SUPPRESS)
+    p.add_argument("--script", help=argparse.SUPPRESS)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
@@ -207,32 +227,20 @@ def main() -> None:
     p.add_argument("--model", choices=("resnet18", "small"), default="resnet18", help="ddp's model")
     args = parse(p, QUICK)
     if args.script:
-        script(args.script, args.steps, args.warmup, args.model)
+        script(args.script.split(","), args.steps, args.warmup, args.model)
         return
     workloads = args.workloads.split(",")
     if unknown := set(workloads) - set(WORKLOADS):
         p.error(f"--workloads: no workload {', '.join(sorted(unknown))} (choose from {', '.join(WORKLOADS)})")
     if args.rounds < 1 or not 0 <= args.warmup < args.steps:
         p.error("--rounds must be at least 1, and --steps more than --warmup")
-    rows = []
-    for workload in workloads:
-        if args.quick:
-            rows.append({"workload": workload, "ms": {"profiled": run("profiled", workload, args.steps,
-                                                                        args.warmup, args.model)}})
-            print(f"{workload}: profiled {rows[-1]['ms']['profiled']:.1f} ms", flush=True)
-            continue
-        rounds = []
-        for r in range(args.rounds):
-            got = {arm: run(arm, workload, args.steps, args.warmup, args.model) for arm in order(ARMS, r)}
-            rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in ARMS[1:]}})
-        row = {"workload": workload, "rounds": rounds,
-               "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in ARMS},
-               "ratio": {arm: statistics.median(x["ratio"][arm] for x in rounds) for arm in ARMS[1:]},
-               "ratio_ci95": {arm: median_ci([x["ratio"][arm] for x in rounds]) for arm in ARMS[1:]}}
-        rows.append(row)
-        aa, prof = (f"{row['ratio'][a]:.3f} ({row['ratio_ci95'][a][0]:.3f} … {row['ratio_ci95'][a][1]:.3f})"
-                    for a in ARMS[1:])
-        print(f"{workload}: plain {row['ms']['plain']:.1f} ms; profiled/plain {prof}; A/A {aa}", flush=True)
+    if args.quick:
+        got = run("profiled", workloads, args.steps, args.warmup, args.model)
+        rows = [{"workload": w, "ms": {"profiled": got[w]}} for w in workloads]
+        for w in workloads:
+            print(f"{w}: profiled {got[w]:.1f} ms", flush=True)
+    else:
+        rows = [compare(w, args) for w in workloads]
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "target": TARGET, "steps": args.steps,
                                                "warmup": args.warmup, "model": args.model}, indent=1) + "\n")

@@ -2,7 +2,7 @@
 tool attached (the default), and NVTX + the Chrome trace (--trace), side by side.
 
 Each round runs the three configurations once, in a rotating order, as separate `commprof run` jobs on
-2 gloo ranks; a configuration's figure is the run's mean iteration time over its measured steps
+2 gloo ranks (--nproc); a configuration's figure is the run's mean iteration time over its measured steps
 (summary.iteration_ms, slowest rank). Ratios are taken within a round, then the median over rounds.
 "NVTX off" is NVTX_DISABLE=1, which turns the nvtx package into no-ops. The trace size is the bytes of
 both per-rank files divided by (iterations × ranks).
@@ -11,7 +11,7 @@ both per-rank files divided by (iterations × ranks).
                                         [--json benchmarks/results/trace-overhead-results.json]
 
 Each ratio over off comes with the 95 % CI of its median (benchmarks/common.py's ratio_ci). --quick: one
-round of 3 steps after 1 of warm-up, 10,000 ranges and ops for the costs; to see that it runs.
+round of 3 steps after 1 of warm-up on 1 rank, 10,000 ranges and ops for the costs; to see that it runs.
 
 Whole runs on this VM swing by ±15 % between runs, far above the 1 % asked of NVTX, so the script
 also measures the cost itself, in one process per configuration with nothing else in the loop: the
@@ -36,14 +36,15 @@ from pathlib import Path
 from common import job, parse, parser, ratio_ci
 
 CONFIGS = ("off", "nvtx", "trace")
-QUICK = {"rounds": 1, "steps": 3, "warmup": 1, "ops": 10_000}
-"""--quick: one round of 3 steps after 1 of warm-up; 10,000 ranges and ops for the costs."""
+QUICK = {"rounds": 1, "steps": 3, "warmup": 1, "ops": 10_000, "nproc": 1}
+"""--quick: one round of 3 steps after 1 of warm-up on one rank (a rank's start-up is most of a quick run's
+time); 10,000 ranges and ops for the costs."""
 RUN_TIMEOUT_S = 900
 
 
-def one_run(config: str, steps: int, warmup: int, tmp: Path) -> dict:
+def one_run(config: str, steps: int, warmup: int, nproc: int, tmp: Path) -> dict:
     out, trace_dir = tmp / f"{config}.json", tmp / f"trace-{config}"
-    argv = [sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--nproc", "2", "--steps", str(steps),
+    argv = [sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--nproc", str(nproc), "--steps", str(steps),
             "--warmup", str(warmup), "--batch-size", "32", "--bucket-mb", "0.04", "--eval-samples", "0",
             "--json", str(out)]
     env = dict(os.environ)
@@ -117,12 +118,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--ops", type=int, default=100_000, help="ranges and ops timed for each cost (default 100000)")
+    p.add_argument("--nproc", type=int, default=2, help="gloo ranks of each run (default 2)")
     args = parse(p, QUICK)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = CONFIGS[r % 3:] + CONFIGS[:r % 3]
-            row = {c: one_run(c, args.steps, args.warmup, Path(tmp)) for c in order}
+            row = {c: one_run(c, args.steps, args.warmup, args.nproc, Path(tmp)) for c in order}
             rounds.append(row)
             print(f"round {r}: " + ", ".join(f"{c} {row[c]['iteration_ms']:.3f} ms" for c in CONFIGS), flush=True)
         ranges, ops = ranges_per_iteration(Path(tmp) / "trace-trace" / "rank0.trace.json", args.steps)

@@ -1,4 +1,5 @@
-"""The one screen after a bench sweep: per collective (and algorithm, dtype, layout of ranks), the latency at the
+"""The one screen after a bench sweep: per collective (and algorithm, dtype, layout of ranks, root under -r all),
+the latency at the
 smallest size, the peak bus bandwidth and the size that reached it, the half-peak size n½ (the smallest size at
 which busbw reaches half its peak: below it latency rules, above it bandwidth), the #wrong total, and the rank
 that was slowest when one stands out. Plain data first (`summarize`), then its table.
@@ -12,7 +13,7 @@ import statistics
 
 from rich.table import Table
 
-from commprof.report.bench_table import ranks_key, ranks_label
+from commprof.report.bench_table import collective_label, ranks_key, ranks_label, several_roots
 from commprof.report.fit import Narrowing
 
 STANDS_OUT = 0.10
@@ -21,14 +22,16 @@ there is at least this much over the median of the other ranks'."""
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    """One row per collective × algorithm × dtype × layout, from the out-of-place records (in-place where a
-    collective has no out-of-place mode), in measurement order."""
+    """One row per collective × algorithm × dtype × layout × root, from the out-of-place records (in-place where
+    a collective has no out-of-place mode), in measurement order."""
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
-        key = (rec["collective"], rec.get("algo", "library"), rec["dtype"], rec["redop"], ranks_key(rec))
+        key = (rec["collective"], rec.get("algo", "library"), rec["dtype"], rec["redop"], ranks_key(rec),
+               rec.get("root"))
         groups.setdefault(key, []).append(rec)
+    roots = several_roots(records)
     rows = []
-    for (collective, algo, dtype, redop, ranks), recs in groups.items():
+    for (collective, algo, dtype, redop, ranks, root), recs in groups.items():
         mode = [r for r in recs if not r["inplace"]] or recs
         timed = [r for r in mode if r["time_us"] is not None]
         if not timed:
@@ -40,6 +43,7 @@ def summarize(records: list[dict]) -> list[dict]:
                 if peak is not None and peak["busbw_GBps"] > 0 else None)
         rows.append({
             "collective": collective, "algo": algo, "dtype": dtype, "redop": redop, "ranks": ranks_label(ranks),
+            "root": root, "name": collective_label(collective, algo, root if collective in roots else None),
             "latency_us": smallest["time_us"], "latency_nbytes": smallest["nbytes"],
             "peak_busbw_GBps": peak["busbw_GBps"] if peak else None, "peak_nbytes": peak["nbytes"] if peak else None,
             "half_peak_nbytes": half["nbytes"] if half else None,
@@ -78,7 +82,7 @@ def summary_table(rows: list[dict]) -> Narrowing:
                  "peak size (B)", "n½ (B)", "#wrong", "slowest rank"):
         table.add_column(name, justify="left" if name in ("collective", "ranks", "type", "slowest rank") else "right")
     for row in rows:
-        name = row["collective"] if row["algo"] == "library" else f"{row['collective']}/{row['algo']}"
+        name = row["name"]
         peak = row["peak_busbw_GBps"]
         s = row["slowest"]
         late = "" if s is None else f"{s['rank']} (+{s['over_pct']:.0f} % in {s['rows']} of {s['of']} sizes)"

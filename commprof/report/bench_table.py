@@ -26,6 +26,21 @@ def ranks_key(rec: dict) -> tuple[int, int, str]:
     return rec.get("group_size", rec["world_size"]), rec.get("groups", 1), rec.get("level", "")
 
 
+def several_roots(records: list[dict]) -> set[str]:
+    """The collectives measured at more than one root (-r all): their rows are told apart by root."""
+    seen: dict[str, set] = {}
+    for rec in records:
+        if rec.get("root") is not None:
+            seen.setdefault(rec["collective"], set()).add(rec["root"])
+    return {name for name, roots in seen.items() if len(roots) > 1}
+
+
+def collective_label(collective: str, algo: str = "library", root: int | None = None) -> str:
+    """'broadcast', 'all_reduce/ring', 'broadcast root 1' (given a root where several were measured)."""
+    name = collective if algo == "library" else f"{collective}/{algo}"
+    return name if root is None else f"{name} root {root}"
+
+
 def ranks_label(key: tuple[int, int, str]) -> str:
     """'1 rank', '4 ranks', '4 groups of 2' for groups measuring at once; '2 groups of 2 intra-host'."""
     size, groups, level = key

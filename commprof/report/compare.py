@@ -14,7 +14,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from commprof.report.bench_table import ranks_key, ranks_label
+from commprof.report.bench_table import collective_label, ranks_key, ranks_label, several_roots
 from commprof.report.files import write_atomic, write_result
 from commprof.report.fit import Narrowing, results_console
 from commprof.report.units import format_bytes
@@ -140,10 +140,13 @@ def run_markdown(rows: list[dict]) -> str:
 
 
 def scaling(records: list[dict]) -> dict[tuple, dict[int, dict[tuple, dict]]]:
-    """(collective, algo, backend, dtype, redop, inplace) -> size -> (group size, groups) -> record."""
+    """(collective, algo, backend, dtype, redop, inplace, root) -> size -> (group size, groups) -> record. The
+    root is None but for collectives measured at several roots (-r all), whose roots get a table each."""
+    roots = several_roots(records)
     out: dict = defaultdict(lambda: defaultdict(dict))
     for rec in records:
-        key = (rec["collective"], rec["algo"], rec["backend"], rec["dtype"], rec["redop"], rec["inplace"])
+        root = rec.get("root") if rec["collective"] in roots else None
+        key = (rec["collective"], rec["algo"], rec["backend"], rec["dtype"], rec["redop"], rec["inplace"], root)
         out[key][rec["nbytes"]][ranks_key(rec)] = rec
     return out
 
@@ -153,10 +156,11 @@ def scaling_tables(records: list[dict]) -> list[Narrowing]:
     alone)."""
     tables = []
     for key, by_size in scaling(records).items():
-        coll, algo, backend, dtype, redop, inplace = key
+        coll, algo, backend, dtype, redop, inplace, root = key
         sizes = sorted({n for n in by_size for n in by_size[n]})
-        table = Table(title=f"{coll} ({algo}, {backend}, {dtype}{', ' + redop if redop else ''}, "
-                            f"{'in' if inplace else 'out-of'}-place) across rank counts")
+        mode = f"{'in' if inplace else 'out-of'}-place"
+        table = Table(title=f"{collective_label(coll, root=root)} ({algo}, {backend}, {dtype}"
+                            f"{', ' + redop if redop else ''}, {mode}) across rank counts")
         table.add_column("size (B)", justify="right")
         for n in sizes:
             table.add_column(f"{ranks_label(n)} time (us)", justify="right")

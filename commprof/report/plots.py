@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commprof.report.bench_table import ranks_key, ranks_label
+from commprof.report.bench_table import ranks_key, ranks_label, several_roots
 from commprof.report.figures import DPI, draw_lines
 from commprof.report.figures import color as _color
 from commprof.report.figures import figure as _figure
@@ -45,18 +45,19 @@ def _legend_labels(ax) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- bench
 
 
-def _series_parts(key: tuple) -> tuple[str, str, str, str]:
-    ranks, algo, backend, inplace = key
-    return ranks_label(ranks), str(algo), str(backend), "in-place" if inplace else "out-of-place"
+def _series_parts(key: tuple) -> tuple[str, ...]:
+    ranks, algo, backend, inplace, root = key
+    return (ranks_label(ranks), str(algo), str(backend), "in-place" if inplace else "out-of-place",
+            "" if root is None else f"root {root}")
 
 
 def _labels(keys: list[tuple]) -> tuple[dict[tuple, str], str]:
     """Each series' label from the parts that differ between series, and the parts they share (for the title)."""
     parts = {key: _series_parts(key) for key in keys}
-    varying = [i for i in range(4) if len({p[i] for p in parts.values()}) > 1]
-    shared = ", ".join(p for i, p in enumerate(next(iter(parts.values()))) if i not in varying)
+    varying = [i for i in range(5) if len({p[i] for p in parts.values()}) > 1]
+    shared = ", ".join(p for i, p in enumerate(next(iter(parts.values()))) if i not in varying and p)
     if not varying:  # one series: its full description is its only name
-        return {key: ", ".join(p) for key, p in parts.items()}, shared
+        return {key: ", ".join(filter(None, p)) for key, p in parts.items()}, shared
     return {key: ", ".join(p[i] for i in varying) for key, p in parts.items()}, shared
 
 
@@ -72,7 +73,8 @@ def _bytes_axis(ax) -> None:
 def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None,
                 keep: dict | None = None) -> dict[str, dict]:
     """One PNG per collective, folder/bench-<collective>.png: bus bandwidth (GB/s) and time (µs) against size
-    (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace), where ranks
+    (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace, and the root
+    where -r all measured several), where ranks
     is the group size and how many groups measured at once (report/bench_table.py's ranks_key).
 
     A label names only what differs between the collective's series ("1 rank", "2 ranks"); what they share
@@ -90,8 +92,10 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     by_collective: dict[str, dict[tuple, list[dict]]] = {}
+    roots = several_roots(records)  # -r all: a curve per root
     for r in records:
-        key = (ranks_key(r), r["algo"], r["backend"], bool(r["inplace"]))
+        key = (ranks_key(r), r["algo"], r["backend"], bool(r["inplace"]), r.get("root") if r["collective"] in roots
+               else None)
         by_collective.setdefault(r["collective"], {}).setdefault(key, []).append(r)
 
     drawn = {}

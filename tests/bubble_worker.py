@@ -4,6 +4,9 @@ schedule and micro-batch count, each stage's measured bubble fraction (median ov
 
     python tests/bubble_worker.py '{"schedules": ["pipeline-gpipe"], "micro_batches": [4, 8]}'
 
+"last_stage_layers": N gives the last stage N layers (unequal stages); each line then also holds every
+stage's median bubble and schedule (ms).
+
 Started by tests/test_pipeline.py as 4 real gloo processes (see commprof.run.calibrated).
 """
 
@@ -22,10 +25,15 @@ def main(spec: dict) -> int:
     p = comm.world_size
     for schedule in spec["schedules"]:
         for m in spec["micro_batches"]:
-            steps = calibrated_bubble(comm, schedule, micro_batches=m, fwd_ms=20, bwd_ms=40)
-            every = comm.gather_object(float(np.median([s["fraction"] for s in steps])), dst=0)
+            steps = calibrated_bubble(comm, schedule, micro_batches=m, fwd_ms=20, bwd_ms=40,
+                                      last_stage_layers=spec.get("last_stage_layers", 1))
+            mine = {k: float(np.median([s[k] for s in steps])) for k in ("fraction", "bubble_ms", "schedule_ms")}
+            every = comm.gather_object(mine, dst=0)
             if comm.rank == 0:
-                print(json.dumps({"schedule": schedule, "micro_batches": m, "stages": p, "measured": every,
+                print(json.dumps({"schedule": schedule, "micro_batches": m, "stages": p,
+                                  "measured": [e["fraction"] for e in every],
+                                  "bubble_ms": [e["bubble_ms"] for e in every],
+                                  "schedule_ms": [e["schedule_ms"] for e in every],
                                   "predicted": (p - 1) / (m + p - 1)}), flush=True)
     comm.control_barrier()
     comm.close()

@@ -102,3 +102,57 @@ def test_run_names_the_rank_a_slow_fault_delays(tmp_path):
     top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
     assert (top["kind"], top["rank"]) == ("straggler", 1), top
     assert top["ms_per_step"] == pytest.approx(delay, rel=0.15), top
+
+
+def _pipeline_block(row: dict, ranks: int) -> dict:
+    """run/pipeline_figures.py's block from a bubble_worker line (one stage a rank)."""
+    return {"schedule": row["schedule"], "stages": ranks, "micro_batches": row["micro_batches"],
+            "predicted_bubble_fraction": row["predicted"],
+            "per_stage": [{"stage": s, "rank": s, "bubble_ms": row["bubble_ms"][s],
+                           "schedule_ms": row["schedule_ms"][s], "bubble_fraction": row["measured"][s]}
+                          for s in range(ranks)]}
+
+
+@pytest.mark.parametrize("last_stage_layers", [1, 2])
+def test_a_pipeline_of_unequal_stages_has_a_bubble_finding_and_an_equal_one_none(last_stage_layers):
+    # Stages that sleep a known time (fwd 20 ms, bwd 40 ms a layer and micro-batch), GPipe, 4 micro-batches.
+    # Equal stages: the schedule's own bubble, 1/5, and no finding. The last stage with 2 layers: the step is
+    # 20 + 4·40 + 4·80 + 40 = 540 ms; with the 3 layers' work split evenly, (m + p − 1)·(30 + 60) = 450 ms.
+    import subprocess
+    import sys
+
+    from spawn import spawn
+
+    from commprof.findings.kinds import bubble
+
+    worker = str(Path(__file__).with_name("bubble_worker.py"))
+    spec = {"schedules": ["pipeline-gpipe"], "micro_batches": [4], "last_stage_layers": last_stage_layers}
+    proc: subprocess.CompletedProcess = spawn([sys.executable, worker, json.dumps(spec)], nproc=2, backend="gloo",
+                                              timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+    step = max(row["schedule_ms"])
+    found = bubble(_pipeline_block(row, 2), step)
+    if last_stage_layers == 1:
+        assert found == [], found
+        return
+    assert step == pytest.approx(540, rel=0.1), row
+    (f,) = found
+    assert (f["kind"], f["stage"]) == ("bubble", 0), f
+    assert f["step_ms_without"] == pytest.approx(450, rel=0.1), f
+    assert f["ms_per_step"] == pytest.approx(step - 450, abs=0.1 * 450), f
+
+
+def test_an_untraced_pipeline_run_prints_its_bubble_finding(tmp_path):
+    # mnist-cnn cut in two: the convolutions on stage 0, the rest on stage 1, which idles most of its schedule
+    out = tmp_path / "p.json"
+    proc = commprof("run", "--strategy", "pipeline-gpipe", "--nproc", "2", "--steps", "5", "--warmup", "1",
+                    "--eval-samples", "0", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    (f,) = [x for x in doc["findings"]["items"] if x["kind"] == "bubble"]
+    p = doc["pipeline"]
+    assert f["evidence"]["predicted_fraction"] == p["predicted_bubble_fraction"]
+    assert f["step_ms_without"] == pytest.approx(doc["summary"]["wall_ms"] - f["ms_per_step"])
+    assert "need --trace" in doc["findings"]["scope"]
+    assert proc.stdout.index("findings") < proc.stdout.index("commprof run ·") and "  bubble " in proc.stdout

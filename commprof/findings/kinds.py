@@ -16,6 +16,11 @@
                 fit of the job's own collectives (their transfer times against their bytes on the bus):
                 how many a step, what they take, and what fusing each group's into one op would save,
                 (k − 1)·α for k ops. Without them: each costs α less (k − 1)/k in the replay.
+  bubble        a pipeline (`run`'s pipeline strategies) idling beyond its schedule's own bubble, the
+                fraction f = (p − 1)/(m + p − 1) of p stages and m micro-batches: with the stages' work
+                (schedule − bubble) split evenly, the longest schedule would be mean work / (1 − f); the
+                excess over that is its cost (unequal stages, or point-to-point latency). Without it: the
+                step less that excess. From the run's own figures: no trace needed (`bubble(pipeline, step)`).
 
 A finding below THRESHOLD of the step is not reported: a balanced job reports no straggler or imbalance.
 
@@ -137,6 +142,39 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
                                "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": 1 / line.beta_s_per_byte / 1e9,
                                "ms_per_step_in_them": sum(x.transfer_ms for x in small) / a.iterations,
                                "fusing_saves_ms": saving})]
+
+
+def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOLD) -> list[dict]:
+    """The bubble finding of a run's "pipeline" block (run/pipeline_figures.py), [] below `threshold` of the
+    step or for a run that is not a pipeline."""
+    if not pipeline or step_ms <= 0:
+        return []
+    f = pipeline["predicted_bubble_fraction"]
+    stages = pipeline["per_stage"]
+    work = [s["schedule_ms"] - s["bubble_ms"] for s in stages]
+    longest = max(s["schedule_ms"] for s in stages)
+    cost = max(0.0, longest - sum(work) / len(work) / (1 - f))
+    if cost < threshold * step_ms:
+        return []
+    idle = max(stages, key=lambda s: s["bubble_fraction"])
+    return [{"kind": "bubble", "stage": idle["stage"], "rank": idle["rank"], "ms_per_step": cost,
+             "share_of_step": cost / step_ms, "step_ms_without": step_ms - cost,
+             "evidence": {"stages": pipeline["stages"], "micro_batches": pipeline["micro_batches"],
+                          "schedule": pipeline["schedule"], "predicted_fraction": f,
+                          "fraction_by_stage": {s["stage"]: s["bubble_fraction"] for s in stages},
+                          "work_ms_by_stage": {s["stage"]: w for s, w in zip(stages, work)}}}]
+
+
+def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> dict | None:
+    """A findings block (of_trace's, or None for an untraced run) with the bubble finding in its place; an
+    untraced pipeline run gets a block of that finding alone, which says that the others need --trace."""
+    found = bubble(pipeline, step_ms, threshold=block["threshold"] if block else THRESHOLD)
+    if block is None:
+        return None if not pipeline else {"threshold": THRESHOLD, "items": found,
+                                          "scope": "the pipeline's bubble only: the other kinds need --trace"}
+    if block.get("items") is None:
+        return block
+    return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
 
 
 def of_trace(directory: str, *, threshold: float = THRESHOLD) -> dict:

@@ -21,9 +21,10 @@ def findings_text(block: dict | None) -> Text | None:
     pct = f"{block['threshold'] * 100:g} %"
     if block.get("items") is None:
         return Text(f"findings: none computed ({block.get('why', 'the trace could not be matched')})")
+    scope = f" ({block['scope']})" if block.get("scope") else ""
     if not block["items"]:
-        return Text(f"findings: none above {pct} of the step")
-    out = Text(f"findings, costliest first (each above {pct} of the step):\n", style="bold")
+        return Text(f"findings: none above {pct} of the step{scope}")
+    out = Text(f"findings, costliest first (each above {pct} of the step){scope}:\n", style="bold")
     for f in block["items"]:
         out.append(f"  {f['kind']:<14}", style="bold")
         out.append(f"{_what(f)}; step without it {f['step_ms_without']:.1f} ms\n")
@@ -52,6 +53,12 @@ def _what(f: dict) -> str:
                 f"the bus (α {e['alpha_us']:.0f} µs, {e['bandwidth_GBps']:.3g} GB/s), {e['ms_per_step_in_them']:.1f} "
                 f"ms/step in them: fusing them saves {e['fusing_saves_ms']:.1f} ms of comm, {ms:.1f} ms/step "
                 f"({share:.0f} % of the step)")
+    if f["kind"] == "bubble":
+        idle = ", ".join(f"stage {st} {x * 100:.0f} %" for st, x in sorted(e["fraction_by_stage"].items(), key=_rank))
+        work = " / ".join(f"{w:.1f}" for _, w in sorted(e["work_ms_by_stage"].items(), key=_rank))
+        return (f"{e['schedule']} idles {idle} of its schedule against the {e['predicted_fraction'] * 100:.0f} % "
+                f"that {e['stages']} stages × {e['micro_batches']} micro-batches need; stage work {work} ms: "
+                f"{ms:.1f} ms/step beyond the schedule's own bubble ({share:.0f} % of the step)")
     return f"{ms:.1f} ms/step ({share:.0f} % of the step)"
 
 

@@ -19,10 +19,11 @@ from commprof.strategies import CATALOG
 
 
 def calibrated_bubble(comm, schedule: str, *, micro_batches: int, fwd_ms: float, bwd_ms: float,
-                      steps: int = 5, warmup: int = 2) -> list[dict]:
-    """Per measured step on this rank: bubble_ms, schedule_ms and their ratio."""
+                      steps: int = 5, warmup: int = 2, last_stage_layers: int = 1) -> list[dict]:
+    """Per measured step on this rank: bubble_ms, schedule_ms and their ratio. Every stage holds one layer,
+    the last `last_stage_layers` (more: stages of unequal work, whose bubble exceeds the schedule's own)."""
     p, m = comm.world_size, micro_batches
-    spec = calibrated_chain(p, fwd_ms=fwd_ms, bwd_ms=bwd_ms)
+    spec = calibrated_chain(p - 1 + last_stage_layers, fwd_ms=fwd_ms, bwd_ms=bwd_ms)
     cfg = RunConfig(strategy=schedule, model="(calibrated)", backend=comm.backend, micro_batches=m,
                     cuts=tuple(range(1, p)), batch_size=m, lr=0.0)
     strategy = CATALOG[schedule].load()(spec=spec, comm=comm, config=cfg)

@@ -225,12 +225,14 @@ class _Run(lifecycle.Command):
             rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
         console = results_console()
-        if cfg.out.trace:
-            from commprof.findings.kinds import of_trace
-            from commprof.report.findings_block import findings_text
+        from commprof.findings.kinds import of_trace, with_bubble
+        from commprof.report.findings_block import findings_text
 
-            doc["findings"] = of_trace(cfg.out.trace)
-            console.print(findings_text(doc["findings"]), highlight=False)
+        findings = with_bubble(of_trace(cfg.out.trace) if cfg.out.trace else None, doc.get("pipeline"),
+                               doc["summary"]["wall_ms"])
+        if findings is not None:
+            doc["findings"] = findings
+            console.print(findings_text(findings), highlight=False)
         for table in run_tables(doc):
             console.print(table)
         said = note(rank.env.get("contention"))

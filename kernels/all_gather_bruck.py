@@ -7,10 +7,13 @@ ones rank r+d sends. A final local rotation puts the blocks in rank order.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import log2_ceil, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_gather"
 NAME = "bruck"

@@ -11,10 +11,13 @@ the second half of Rabenseifner's all_reduce.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import Fold, fold_out, log2_ceil
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_gather"
 NAME = "recursive_doubling"

@@ -6,10 +6,13 @@ block of rank r−s (its own first) and receives the block of rank r−s−1 str
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import OneChunkPerStep
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_gather"
 NAME = "ring"

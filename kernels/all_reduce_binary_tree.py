@@ -7,10 +7,13 @@ parent serves its two children one after the other: simple, and the slowest for 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import combine, finish, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_reduce"
 NAME = "binary_tree"

@@ -11,12 +11,15 @@ odd one and gets the whole result back.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .all_gather_recursive_doubling import double, sent_in_core
 from .common import Fold, bounds, finish, fold_in, fold_out, log2_ceil
 from .reduce_scatter_recursive_halving import halve
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_reduce"
 NAME = "rabenseifner"

@@ -9,10 +9,13 @@ even rank of a pair sends its vector to the odd one and gets the result back at 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import Fold, combine, finish, fold_in, fold_out, log2_ceil, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_reduce"
 NAME = "recursive_doubling"

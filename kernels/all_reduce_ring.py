@@ -11,10 +11,13 @@ bandwidth-optimal amount — in 2(n−1) latency-bound steps.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import bounds, combine, finish, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_reduce"
 NAME = "ring"

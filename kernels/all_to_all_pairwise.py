@@ -7,10 +7,13 @@ local copy.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import OneChunkPerStep
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "all_to_all"
 NAME = "pairwise"

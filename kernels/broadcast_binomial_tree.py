@@ -7,10 +7,13 @@ holding it doubles each step. The whole vector moves in every step: latency-opti
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import log2_ceil
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "broadcast"
 NAME = "binomial_tree"

@@ -9,11 +9,13 @@ m β for long vectors at any n, at the price of (S + n − 2) latencies.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import bounds
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "broadcast"
 NAME = "chain"

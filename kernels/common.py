@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _COMBINE = {
-    "sum": torch.add,
-    "avg": torch.add,  # summed on the way, divided once at the end (finish)
-    "prod": torch.mul,
-    "min": torch.minimum,
-    "max": torch.maximum,
+    "sum": "add",
+    "avg": "add",  # summed on the way, divided once at the end (finish)
+    "prod": "mul",
+    "min": "minimum",
+    "max": "maximum",
 }
+"""Each reduction's torch function, by name: torch is imported where a tensor is touched, so the kernels'
+cost models load without it (`commprof predict` starts in a tenth of the time)."""
+_COMBINE_FNS: dict = {}
 
 
 def combine(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) -> None:
     """out = a (op) b, elementwise; `out` may alias `a` or `b`."""
-    _COMBINE[op](a, b, out=out)
+    fn = _COMBINE_FNS.get(op)
+    if fn is None:
+        import torch
+
+        fn = _COMBINE_FNS[op] = getattr(torch, _COMBINE[op])
+    fn(a, b, out=out)
 
 
 def finish(tensor: torch.Tensor, op: str, n: int) -> None:
@@ -45,6 +55,8 @@ def scratch(comm, numel: int, like: torch.Tensor, slot: int = 0) -> torch.Tensor
     key = (slot, like.dtype, like.device)
     buf = per_comm.get(key)
     if buf is None or buf.numel() < numel:
+        import torch
+
         buf = per_comm[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buf[:numel]
 

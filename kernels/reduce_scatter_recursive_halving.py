@@ -11,10 +11,13 @@ its chunk at the end. `halve` is also the first half of Rabenseifner's all_reduc
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import Fold, combine, finish, log2_ceil, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "reduce_scatter"
 NAME = "recursive_halving"

@@ -8,10 +8,13 @@ rank, in `output`. One chunk-sized accumulator; the input is never written.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from . import reference
 from .common import OneChunkPerStep, combine, finish, scratch
+
+if TYPE_CHECKING:  # only annotations: the cost model loads without torch (commprof predict)
+    import torch
 
 COLLECTIVE = "reduce_scatter"
 NAME = "ring"

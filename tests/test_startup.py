@@ -1,5 +1,6 @@
 """Start-up: `commprof --help` loads no subcommand's modules — no torch, no MPI — and each subcommand
-still registers all of its flags when named. Measured in benchmarks/startup.py."""
+still registers all of its flags when named; `predict` and `report`, which only read files, load no torch.
+Measured in benchmarks/startup.py."""
 
 import subprocess
 import sys
@@ -40,3 +41,23 @@ def test_the_launcher_loads_no_torch_before_its_ranks(argv):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "commprof.lifecycle" in modules
     assert not {m for m in modules if m.split(".")[0] in ("torch", "torchvision", "mpi4py", "numpy")}
+
+
+def test_predict_and_report_load_no_torch(tmp_path):
+    # the replay costs each op with the kernels' α–β models (kernels/*.cost): they load without torch
+    out = tmp_path / "r.json"
+    ran = subprocess.run([sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--nproc", "2", "--steps", "3",
+                          "--warmup", "1", "--eval-samples", "0", "--trace", str(tmp_path / "t"), "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    for argv in (["predict", str(out), "--fabric", "intra=10GB/s,3us;inter=1GB/s,10us", "--ranks", "2,8"],
+                 ["report", str(out)]):
+        proc, modules = _imports(*argv)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not {m for m in modules if m.split(".")[0] in ("torch", "torchvision", "mpi4py")}, argv
+    # and every algorithm's model, which importtime does not see (importlib loads them)
+    every = ("import sys, commprof.kernels as k; "
+             "[k.find(c, a).cost(4, 1 << 20, 1e-6, 1e-9) for c, by in k.CATALOG.items() for a in by]; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    models = subprocess.run([sys.executable, "-c", every], capture_output=True, text=True, timeout=120)
+    assert models.returncode == 0 and models.stdout.strip() == "[]", models.stdout + models.stderr

@@ -47,6 +47,13 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
                         "says which)")
 
 
+def add_link_flag(p: argparse.ArgumentParser) -> None:
+    """--link-rate, for the commands whose findings judge ops against the link they cross (run, profile)."""
+    p.add_argument("--link-rate", metavar="RATE",
+                   help="the rate of the link the ranks' ops cross (e.g. 100Gbit/s, 25GB/s): with --trace, the "
+                        "findings name the ops that reach less than half of it")
+
+
 def check_job_flags(args: argparse.Namespace) -> None:
     """The checks on add_job_flags' numbers."""
     at_least("--nproc", args.nproc, 1)

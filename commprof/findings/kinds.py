@@ -16,6 +16,10 @@
                 fit of the job's own collectives (their transfer times against their bytes on the bus):
                 how many a step, what they take, and what fusing each group's into one op would save,
                 (k − 1)·α for k ops. Without them: each costs α less (k − 1)/k in the replay.
+  link          given the link's rate (--link-rate): the ops whose transfer reaches less than LINK_SHARE of
+                it on the bus, among those whose bytes take at least LINK_MIN_US on it (below, latency
+                rules: latency_bound's kind); evidence: each such op (name, group, size) with its bus
+                bandwidth and fraction of the link. Without it: each costs its bytes at the link's rate.
   bubble        a pipeline (`run`'s pipeline strategies) idling beyond its schedule's own bubble, the
                 fraction f = (p − 1)/(m + p − 1) of p stages and m micro-batches: with the stages' work
                 (schedule − bubble) split evenly, the longest schedule would be mean work / (1 − f); the
@@ -42,12 +46,20 @@ THRESHOLD = 0.03
 """Smallest share of the step a finding must cost to be reported."""
 IMBALANCE = 0.10
 """How far a rank's own time may exceed the least of the others' before it is an imbalance."""
+LINK_SHARE = 0.5
+"""An op whose transfer reaches less than this share of the known link's rate is slow for that link."""
+LINK_MIN_US = 100.0
+"""The least time an op's bytes take at the link's rate for `link` to judge it: a smaller op's time is its
+latency, not the link's bandwidth."""
 
 
-def find(m: Measured, *, threshold: float = THRESHOLD) -> list[dict]:
-    """Every finding of `m` above `threshold` of its step, costliest first."""
+def find(m: Measured, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> list[dict]:
+    """Every finding of `m` above `threshold` of its step, costliest first; `link` only given the link's
+    rate (GB/s)."""
     a = analyze(m)
     out = _stragglers(m, a, threshold) + _imbalance(m, a) + _exposed(m, a) + _latency_bound(m, a)
+    if link_GBps:
+        out += _link(m, a, link_GBps)
     return sorted((f for f in out if f["share_of_step"] >= threshold), key=lambda f: -f["ms_per_step"])
 
 
@@ -144,6 +156,41 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
                                "fusing_saves_ms": saving})]
 
 
+def _bus_bytes(x) -> float:
+    """Bytes an op moves on the bus (nccl-tests' busbw numerator): a message's own, a collective's scaled."""
+    if x.op.name in COLLECTIVES:
+        return x.op.nbytes * COLLECTIVES[x.op.name].bus_factor(len(x.parties))
+    return float(x.op.nbytes)
+
+
+def _link(m: Measured, a: Analysis, link_GBps: float) -> list[dict]:
+    by_op: dict[tuple, list] = {}
+    for x in a.arrivals:
+        at_link_ms = _bus_bytes(x) / (link_GBps * 1e9) * 1e3
+        if x.op.name != "barrier" and at_link_ms * 1e3 >= LINK_MIN_US and x.transfer_ms > 0:
+            by_op.setdefault((x.op.name, x.op.label, x.op.nbytes), []).append((x.transfer_ms, at_link_ms))
+    slow = {}
+    for signature, spans in by_op.items():
+        took, ideal = median(t for t, _ in spans), spans[0][1]
+        if ideal / took < LINK_SHARE:
+            slow[signature] = {"op": signature[0], "group": signature[1], "bytes": signature[2],
+                               "per_step": len(spans) / a.iterations, "transfer_ms_median": took,
+                               "at_link_ms": ideal, "busbw_GBps": link_GBps * ideal / took,
+                               "fraction_of_link": ideal / took}
+    if not slow:
+        return []
+    base = whatif.measured_costs(a)
+
+    def at_link(op):
+        s = slow.get((op.name, op.label, op.nbytes))
+        return base(op) if s is None else min(base(op), s["at_link_ms"])
+
+    without = whatif.step_without(m, a, cost=at_link)
+    ops = sorted(slow.values(), key=lambda s: s["fraction_of_link"])
+    return [_finding("link", a, max(0.0, a.step_ms - without), without, op=ops[0]["op"], group=ops[0]["group"],
+                     bytes=ops[0]["bytes"], evidence={"link_GBps": link_GBps, "share": LINK_SHARE, "ops": ops})]
+
+
 def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOLD) -> list[dict]:
     """The bubble finding of a run's "pipeline" block (run/pipeline_figures.py), [] below `threshold` of the
     step or for a run that is not a pipeline."""
@@ -177,14 +224,14 @@ def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> di
     return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
 
 
-def of_trace(directory: str, *, threshold: float = THRESHOLD) -> dict:
+def of_trace(directory: str, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> dict:
     """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items"},
     or {"threshold", "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
     from commprof.errors import UsageError
     from commprof.predict.timeline import load
 
     try:
-        return {"threshold": threshold, "items": find(load(directory), threshold=threshold)}
+        return {"threshold": threshold, "items": find(load(directory), threshold=threshold, link_GBps=link_GBps)}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it

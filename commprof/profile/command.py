@@ -23,6 +23,7 @@ from commprof import flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
+from commprof.report.units import link_rate
 from commprof.world import World
 
 
@@ -55,6 +56,8 @@ class ProfileConfig:
     it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
     out: Outputs = field(default_factory=Outputs)
     """--json, --trace and the command line."""
+    link_GBps: float | None = None
+    """The rate of the link the ops cross (--link-rate, GB/s): the findings name the ops below half of it."""
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -67,6 +70,7 @@ def add_parser(subparsers, summary: str) -> None:
                    help="DDP's bucket all-reduces through Comm (default on; off: they stay unseen in C++)")
     flags.add_job_flags(p, nproc="one per core or GPU, at least 2", json="every figure per rank per iteration",
                         timeout="; the script's own timeout=, if it gives one, wins")
+    flags.add_link_flag(p)
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=main)
@@ -91,7 +95,8 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
                          steps_per_epoch=args.steps_per_epoch,
-                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out)
+                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out,
+                         link_GBps=link_rate(args))
 
 
 class _Profile:

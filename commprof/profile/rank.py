@@ -258,7 +258,7 @@ class Session:
         if self.cfg.out.trace:
             from commprof.findings.kinds import of_trace
 
-            doc["findings"] = of_trace(self.cfg.out.trace)
+            doc["findings"] = of_trace(self.cfg.out.trace, link_GBps=self.cfg.link_GBps)
         self._print(doc)
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})

@@ -53,6 +53,12 @@ def _what(f: dict) -> str:
                 f"the bus (α {e['alpha_us']:.0f} µs, {e['bandwidth_GBps']:.3g} GB/s), {e['ms_per_step_in_them']:.1f} "
                 f"ms/step in them: fusing them saves {e['fusing_saves_ms']:.1f} ms of comm, {ms:.1f} ms/step "
                 f"({share:.0f} % of the step)")
+    if f["kind"] == "link":
+        worst, more = e["ops"][0], len(e["ops"]) - 1
+        others = f"; {more} more op size(s) below {e['share'] * 100:.0f} %" if more else ""
+        return (f"{f['op']} ({f['group']}) of {format_bytes(f['bytes'])} reaches {worst['busbw_GBps']:.3g} GB/s "
+                f"on the bus, {worst['fraction_of_link'] * 100:.0f} % of the {e['link_GBps']:.3g} GB/s link"
+                f"{others}: {ms:.1f} ms/step over the link's time ({share:.0f} % of the step)")
     if f["kind"] == "bubble":
         idle = ", ".join(f"stage {st} {x * 100:.0f} %" for st, x in sorted(e["fraction_by_stage"].items(), key=_rank))
         work = " / ".join(f"{w:.1f}" for _, w in sorted(e["work_ms_by_stage"].items(), key=_rank))

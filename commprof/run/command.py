@@ -28,7 +28,7 @@ from commprof.parallel.grid import degrees
 from commprof.parallel.partition import BALANCE
 from commprof.report import files
 from commprof.report.files import Outputs
-from commprof.report.units import MAX_SIZE
+from commprof.report.units import MAX_SIZE, link_rate
 from commprof.run.config import RunConfig
 from commprof.strategies import CATALOG
 from commprof.world import World
@@ -74,6 +74,7 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--eval-samples", type=int, default=1000, help="held-out samples for accuracy (default 1000)")
     flags.add_job_flags(p, nproc="one per core or GPU; single: 1", json="every figure per rank per iteration")
     p.add_argument("--csv", metavar="PATH", help="the run's figures as one CSV row (a grid's columns)")
+    flags.add_link_flag(p)
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--torch-profiler", metavar="DIR",
@@ -150,7 +151,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
         eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
-        out=Outputs.from_args(args))
+        out=Outputs.from_args(args), link_GBps=link_rate(args))
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:
@@ -228,8 +229,8 @@ class _Run(lifecycle.Command):
         from commprof.findings.kinds import of_trace, with_bubble
         from commprof.report.findings_block import findings_text
 
-        findings = with_bubble(of_trace(cfg.out.trace) if cfg.out.trace else None, doc.get("pipeline"),
-                               doc["summary"]["wall_ms"])
+        traced = of_trace(cfg.out.trace, link_GBps=cfg.link_GBps) if cfg.out.trace else None
+        findings = with_bubble(traced, doc.get("pipeline"), doc["summary"]["wall_ms"])
         if findings is not None:
             doc["findings"] = findings
             console.print(findings_text(findings), highlight=False)

@@ -92,6 +92,8 @@ class RunConfig:
     """Local ranks to start (--nproc); None: sized by the model-parallel degrees, else one per core or GPU."""
     out: Outputs = Outputs()
     """Files the job writes (--json: every figure per rank per iteration) and its command line."""
+    link_GBps: float | None = None
+    """The rate of the link the ops cross (--link-rate, GB/s): the findings name the ops below half of it."""
     torch_profiler: str | None = None
     """Also capture a PyTorch profiler (Kineto) trace per rank into this directory, for Holistic Trace
     Analysis (--torch-profiler)."""

@@ -71,6 +71,27 @@ def test_report_prints_the_saved_findings_again(jobs, tmp_path):
     assert "rank 1 arrives last" in line and line.strip() in proc.stdout
 
 
+def test_report_of_two_runs_compares_their_findings_against_the_noise(jobs):
+    from commprof.report.findings_compare import compare, step_noise_ms
+
+    slowed, balanced = (Path(jobs[name][2]).with_suffix(".json") for name in ("slowed", "balanced"))
+    rows = {r["finding"]: r for r in compare(jobs["slowed"][0], jobs["balanced"][0])["rows"]}
+    fixed = rows["straggler rank 1"]
+    assert fixed["a_ms"] == jobs["slowed"][0]["findings"]["items"][0]["ms_per_step"], fixed
+    # a balanced job may show a small straggler on a loaded machine (the test above): then it is "better"
+    assert fixed["verdict"] == "gone" or (fixed["verdict"] == "better" and fixed["change_ms"] < -DELAY_MS / 2), fixed
+    back = {r["finding"]: r for r in compare(jobs["balanced"][0], jobs["slowed"][0])["rows"]}["straggler rank 1"]
+    assert back["verdict"] in ("new", "worse"), back
+    noise = compare(jobs["slowed"][0], jobs["balanced"][0])["noise_ms"]
+    assert noise == max(step_noise_ms(jobs[n][0]) for n in ("slowed", "balanced")) and 0 < noise < DELAY_MS / 2
+    shown = commprof("report", str(slowed), str(balanced), timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "findings, A → B in ms per step: A = " in shown.stdout
+    line = next(x for x in shown.stdout.splitlines() if "straggler rank 1" in x)
+    assert fixed["verdict"] in line and f"{fixed['a_ms']:.2f}" in line, line
+    assert f"±{noise:.2f} ms" in shown.stdout
+
+
 def test_each_ranks_blocked_time_is_its_waits_and_transfers(jobs):
     a = analyze(timeline.load(str(jobs["slowed"][2])))
     for split in (r for it in a.per_iteration for r in it):

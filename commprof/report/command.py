@@ -1,7 +1,8 @@
 """`commprof report FILE.json [FILE.json …]`: the tables and plots of saved results, without running
 anything. One bench file: its tables as bench printed them (and a scaling table across rank counts);
 several: side by side, each over the first (two backends, two machines, before/after). Run files and
-grid files: one comparison table, a row per configuration. Each PNG of --plot is said on stderr
+grid files: one comparison table, a row per configuration; two run files with findings, their findings
+side by side, each change against the runs' noise (report/findings_compare.py). Each PNG of --plot is said on stderr
 (`plot: plots/bench-all_reduce.png`).
 
     commprof report grid.json --plot plots/
@@ -124,6 +125,11 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             found = findings_text(doc.get("findings")) if kind != "grid" else None
             if found is not None:
                 out.print(f"{path}: " if len(loaded) > 1 else "", found, sep="", highlight=False)
+        if len(loaded) == 2 and all(kind == "run" and doc.get("findings") for _, kind, doc in loaded):
+            from commprof.report import findings_compare
+
+            both = findings_compare.compare(loaded[0][2], loaded[1][2])
+            out.print(findings_compare.compare_table((loaded[0][0], loaded[1][0]), both))
     if args.markdown:
         print(compare.run_markdown(compare.run_rows(runs)), end="")
         out = Console(quiet=True)  # the plots only

@@ -92,6 +92,27 @@ def test_report_of_two_runs_compares_their_findings_against_the_noise(jobs):
     assert f"±{noise:.2f} ms" in shown.stdout
 
 
+def test_the_trace_shows_each_blocked_stretch_by_cause(jobs):
+    # a row per rank under its training thread: the slices add up to the blocked time the findings count,
+    # and rank 0's "waiting for rank 1" to the delay its peer sleeps each step
+    from commprof.findings.slices import ROW, TID
+
+    doc, _, trace = jobs["slowed"]
+    events = json.loads((Path(trace) / "trace.json").read_text())["traceEvents"]
+    drawn = [e for e in events if e.get("tid") == TID and e.get("ph") == "X"]
+    assert doc["findings"]["trace_slices"] == len(drawn) > 0
+    assert {e["pid"] for e in events if e.get("tid") == TID and e.get("name") == "thread_name"
+            and e["args"]["name"] == ROW} == {1, 2}
+    a = analyze(timeline.load(str(trace)))
+    for r in (0, 1):
+        total = sum(e["dur"] for e in drawn if e["pid"] == r + 1) / 1e3
+        blocked = sum(it[r].blocked_ms for it in a.per_iteration)
+        assert total == pytest.approx(blocked, abs=0.01), (r, total, blocked)
+    waited = sum(e["dur"] for e in drawn if e["pid"] == 1 and e["name"] == "waiting for rank 1") / 1e3
+    assert waited / a.iterations == pytest.approx(DELAY_MS, rel=0.2), waited
+    assert all(e["name"].startswith(("waiting for rank ", "transfer ")) for e in drawn)
+
+
 def test_each_ranks_blocked_time_is_its_waits_and_transfers(jobs):
     a = analyze(timeline.load(str(jobs["slowed"][2])))
     for split in (r for it in a.per_iteration for r in it):

@@ -103,6 +103,17 @@ def analyze(m: Measured) -> Analysis:
                     exposed_by_op={k: v / n / size for k, v in exposed.items()})
 
 
+def blocked_by_cause(m: Measured):
+    """Every blocked stretch of every rank's training thread, cut by cause, on the trace's clock: (rank,
+    from µs, to µs, the rank waited for or None for transfer, the op it is charged to)."""
+    for programs in m.iterations:
+        met = _met(programs)
+        for p in programs:
+            for op, b0, b1 in p.blocks:
+                for t0, t1, who, on in _segments(p.spans, met, op, b0, b1):
+                    yield p.rank, t0, t1, who, on
+
+
 def _split(p, met: dict, exposed: dict) -> RankSplit:
     """One rank's iteration split by cause; adds its exposed transfer per op signature to `exposed`."""
     blocked = transfer = 0.0

@@ -36,7 +36,7 @@ Exercised by: `pytest tests/test_findings.py`.
 from __future__ import annotations
 
 from commprof.bench.alphabeta import fit
-from commprof.findings import whatif
+from commprof.findings import slices, whatif
 from commprof.findings.arrivals import Analysis, analyze, median
 from commprof.measurement import COLLECTIVES
 from commprof.predict.timeline import Measured
@@ -225,14 +225,21 @@ def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> di
 
 
 def of_trace(directory: str, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> dict:
-    """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items"},
-    or {"threshold", "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
+    """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items",
+    "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
+    "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
     from commprof.errors import UsageError
     from commprof.predict.timeline import load
 
     try:
-        return {"threshold": threshold, "items": find(load(directory), threshold=threshold, link_GBps=link_GBps)}
+        m = load(directory)
+        block = {"threshold": threshold, "items": find(m, threshold=threshold, link_GBps=link_GBps)}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it
         return {"threshold": threshold, "items": None, "why": f"the analysis failed: {type(exc).__name__}: {exc}"}
+    try:
+        block["trace_slices"] = slices.mark(directory, m)
+    except Exception as exc:  # the findings stand without their drawing
+        block["trace_slices"] = f"not drawn: {type(exc).__name__}: {exc}"
+    return block

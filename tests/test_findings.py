@@ -113,6 +113,22 @@ def test_the_trace_shows_each_blocked_stretch_by_cause(jobs):
     assert all(e["name"].startswith(("waiting for rank ", "transfer ")) for e in drawn)
 
 
+def test_the_causes_plot_stacks_each_ranks_step_by_cause(jobs, tmp_path):
+    from commprof.report.cause_plot import cause_plot
+
+    doc, _, _ = jobs["slowed"]
+    block = doc["findings"]
+    drawn = cause_plot(block, doc["summary"]["wall_ms"], tmp_path / "causes.png")
+    assert (tmp_path / "causes.png").stat().st_size > 0 and drawn["ranks"] == ["rank 0", "rank 1"]
+    parts = drawn["segments"]
+    assert parts["waiting for rank 1"][0] == pytest.approx(DELAY_MS, rel=0.2), parts
+    assert "waiting for rank 0" not in parts or parts["waiting for rank 0"][1] < DELAY_MS / 4, parts
+    for i, r in enumerate(block["by_rank"]):  # each bar reaches the rank's wall, or its causes where they pass it
+        causes = sum(v[i] for k, v in parts.items() if k != "other")
+        assert sum(v[i] for v in parts.values()) == pytest.approx(max(r["wall_ms"], causes)), (r, parts)
+    assert f"step {doc['summary']['wall_ms']:.2f} ms" in drawn["legend"] and "own time" in drawn["legend"]
+
+
 def test_each_ranks_blocked_time_is_its_waits_and_transfers(jobs):
     a = analyze(timeline.load(str(jobs["slowed"][2])))
     for split in (r for it in a.per_iteration for r in it):
@@ -139,8 +155,10 @@ def test_run_names_the_rank_a_slow_fault_delays(tmp_path):
     delay = 50.0
     env = env_for_tests(COMMPROF_FAULT=f"slow:rank=1:op=all_reduce:ms={delay:g}")
     proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "10", "--warmup", "2", "--bucket-mb", "100",
-                    "--eval-samples", "0", "--trace", str(tmp_path / "t"), "--json", str(tmp_path / "r.json"), env=env)
+                    "--eval-samples", "0", "--trace", str(tmp_path / "t"), "--json", str(tmp_path / "r.json"),
+                    "--plot", str(tmp_path / "p"), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "p" / "run-causes.png").stat().st_size > 0 and "run-causes.png" in proc.stderr
     top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
     assert (top["kind"], top["rank"]) == ("straggler", 1), top
     assert top["ms_per_step"] == pytest.approx(delay, rel=0.15), top

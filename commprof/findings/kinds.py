@@ -53,10 +53,11 @@ LINK_MIN_US = 100.0
 latency, not the link's bandwidth."""
 
 
-def find(m: Measured, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> list[dict]:
+def find(m: Measured, *, threshold: float = THRESHOLD, link_GBps: float | None = None,
+         a: Analysis | None = None) -> list[dict]:
     """Every finding of `m` above `threshold` of its step, costliest first; `link` only given the link's
-    rate (GB/s)."""
-    a = analyze(m)
+    rate (GB/s). `a`: m's analysis, when the caller has it."""
+    a = a or analyze(m)
     out = _stragglers(m, a, threshold) + _imbalance(m, a) + _exposed(m, a) + _latency_bound(m, a)
     if link_GBps:
         out += _link(m, a, link_GBps)
@@ -224,16 +225,25 @@ def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> di
     return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
 
 
+def by_rank(a: Analysis) -> list[dict]:
+    """Each rank's step split by cause (medians over the measured iterations): its own time, its waits for
+    each peer, its exposed transfer, and its wall — what the causes plot draws (report/cause_plot.py)."""
+    return [{"rank": r.rank, "wall_ms": r.wall_ms, "busy_ms": r.busy_ms, "transfer_ms": r.transfer_ms,
+             "waiting_ms": {str(k): v for k, v in r.waiting_ms.items()}} for r in a.ranks]
+
+
 def of_trace(directory: str, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> dict:
     """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items",
-    "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
+    "by_rank", "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
     "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
     from commprof.errors import UsageError
     from commprof.predict.timeline import load
 
     try:
         m = load(directory)
-        block = {"threshold": threshold, "items": find(m, threshold=threshold, link_GBps=link_GBps)}
+        a = analyze(m)
+        block = {"threshold": threshold, "items": find(m, threshold=threshold, link_GBps=link_GBps, a=a),
+                 "by_rank": by_rank(a)}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it

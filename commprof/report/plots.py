@@ -12,6 +12,7 @@ Exercised by: `pytest tests/test_plots.py tests/test_plot_artists.py`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from commprof.report.bench_table import ranks_key, ranks_label, several_roots
@@ -278,8 +279,9 @@ def run_plots(runs: list[dict], folder: str | Path, *, factor: str | None = None
     wall_ms — topped with wall_ms, parts that have no data left out (see _stack for parts that pass the wall).
     folder/run-<factor>.png, only when every run's config[factor] is a number: comm time, compute time,
     throughput and payload per epoch against the factor, one line per group of runs that agree on every other
-    config key. folder/run-loss.png: loss per step, one line per run. `keep` (a dict) receives each Figure
-    under its path.
+    config key. folder/run-loss.png: loss per step, one line per run. folder/run-causes.png (run-causes-<label>.png
+    of several runs), for each run traced: each rank's step by cause (report/cause_plot.py). `keep` (a dict)
+    receives each Figure under its path.
 
     Returns {path: data}: {"labels", "wall_ms", "scale", "segments": {key: [ms per run]}, "legend"} for the
     iteration plot, {"factor", "panels": {key: {group: {"x", "y"}}}, "ylabels", "legend": {key: entries}} for
@@ -301,4 +303,12 @@ def run_plots(runs: list[dict], folder: str | Path, *, factor: str | None = None
         drawn[str(path)] = _factor_plot(runs, factor, path, keep)
     path = folder / "run-loss.png"
     drawn[str(path)] = _loss_plot(runs, path, keep)
+    for run in runs:  # traced runs: each rank's step by cause (findings), one figure a run
+        block = run["result"].get("findings") or {}
+        if block.get("by_rank"):
+            from commprof.report.cause_plot import cause_plot
+
+            label = re.sub(r"[^A-Za-z0-9_.=-]+", "_", run["label"])
+            path = folder / ("run-causes.png" if len(runs) == 1 else f"run-causes-{label}.png")
+            drawn[str(path)] = cause_plot(block, run["result"]["summary"]["wall_ms"], path, keep=keep)
     return drawn

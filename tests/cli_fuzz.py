@@ -187,6 +187,7 @@ RUN = (
     Flag(("--huge-pages",), None),
     Flag(("--trace",), PATHS),
     Flag(("--torch-profiler",), PATHS),
+    Flag(("--link-rate",), RATES),
 )
 FLAGS = {"bench": BENCH, "run": RUN}
 

@@ -50,8 +50,9 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
 def add_link_flag(p: argparse.ArgumentParser) -> None:
     """--link-rate, for the commands whose findings judge ops against the link they cross (run, profile)."""
     p.add_argument("--link-rate", metavar="RATE",
-                   help="the rate of the link the ranks' ops cross (e.g. 100Gbit/s, 25GB/s): with --trace, the "
-                        "findings name the ops that reach less than half of it")
+                   help="the link the ranks' ops cross: one rate (e.g. 100Gbit/s, 25GB/s), a rate per level as "
+                        "predict's --fabric takes it (intra=…;inter=…), or a bench JSON; the findings name the ops "
+                        "that reach less than half of it")
 
 
 def check_job_flags(args: argparse.Namespace) -> None:

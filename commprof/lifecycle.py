@@ -57,6 +57,8 @@ class Rank:
     watchdog: Watchdog | None
     contention: Contention | None = None
     """On rank 0: what else used this host's cores since the work began (record/contention.py)."""
+    trace_dir: str | None = None
+    """The folder this rank traced into (--trace's, or a private one for the findings); None: untraced."""
 
     def on_failure(self, fn: Callable[[int, str], None]) -> None:
         """Call `fn(code, message)` before a failing job ends this rank: write what was measured."""
@@ -85,6 +87,10 @@ class Job(Protocol):
 class Command(Job, Protocol):
     """A Job whose rank this module runs: the command fills in the work one rank does and the report rank 0
     makes of every rank's result (bench, run, which subclass it for these two)."""
+
+    findings = False
+    """True for a command whose report makes findings from every rank's op spans: it traces, into a private
+    folder when --trace is not given (record/trace_folder.py)."""
 
     def run_rank(self, cfg: Config, world: World, slots: int) -> int:
         return run_rank(self, cfg, world, slots)
@@ -151,7 +157,7 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
 
     from commprof.comm import init_comm
     from commprof.comm.watchdog import Watchdog
-    from commprof.record import trace
+    from commprof.record import trace, trace_folder
     from commprof.record.contention import Contention
     from commprof.report.env import local_env, merge_env
 
@@ -160,6 +166,7 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     comm = None
     if not command.without_comm(cfg, world):
         comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
+    folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=command.findings)
     try:  # closed on every way out but os._exit; the process then ends through comm.end_process
         watchdog = Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank,
                             dump_dir=cfg.out.dump_folder()) if comm is not None else nullcontext()
@@ -173,13 +180,14 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
             rank = Rank(world, comm, device, env, watchdog if comm is not None else None)
             if pieces is not None:  # the job's ranks on rank 0's host: their CPU is the job's own
                 rank.contention = Contention([p["pid"] for p in pieces if p["host"] == pieces[0]["host"]])
-            tracer = trace.start(comm, cfg.out.trace) if cfg.out.trace else None
+            tracer = trace.start(comm, folder.path) if folder is not None else None
             if tracer is not None:
+                rank.trace_dir = folder.path
                 rank.on_failure(lambda code, message: trace.abandon(tracer))
             result = command.work(cfg, rank)
             if tracer is not None:
-                merged = trace.finish(comm, tracer, cfg.out.trace)
-                if merged is not None:
+                merged = trace.finish(comm, tracer, folder.path)
+                if merged is not None and folder.asked:
                     Console(stderr=True).print(f"trace: {merged} ({world.world_size} rank(s)); "
                                                "open in ui.perfetto.dev or chrome://tracing")
             results = comm.gather_object(result, dst=0) if comm is not None else [result]
@@ -187,6 +195,8 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
             if comm is not None:
                 code = comm.broadcast_object(code, src=0)
     finally:
+        if folder is not None:
+            folder.discard()
         if comm is not None:
             comm.close()
     return code

@@ -269,6 +269,7 @@ def test_link_names_the_ops_below_half_of_a_link_they_do_not_get(hosts, tmp_path
     # at memory speed, is 2 % of it). Told the link is ten times faster than what tc gives, the findings name
     # that all_reduce at about a tenth of it; held to the link it crosses, nothing.
     from commprof.findings.kinds import LINK_SHARE, find
+    from commprof.predict.fabric import link_flag
     from commprof.predict.timeline import load
 
     out, trace = tmp_path / "r.json", tmp_path / "t"
@@ -285,7 +286,13 @@ def test_link_names_the_ops_below_half_of_a_link_they_do_not_get(hosts, tmp_path
           + ", ".join(f"{o['op']} {o['bytes']} B at {o['fraction_of_link']:.3f} of the link" for o in ops))
     assert all(o["fraction_of_link"] < LINK_SHARE for o in ops) and 0.05 <= ops[0]["fraction_of_link"] <= 0.11, ops
     assert "link" in proc.stdout and f"of the {claimed:.3g} GB/s link" in proc.stdout
-    assert not [f for f in find(load(str(trace)), link_GBps=RATE_GBPS) if f["kind"] == "link"]
+    assert not [f for f in find(load(str(trace)), link=link_flag(f"{RATE_GBPS}GB/s")) if f["kind"] == "link"]
+    # given as levels, the hosts' link is the inter level: a fast intra level changes nothing, a slow one too
+    assert not [f for f in find(load(str(trace)), link=link_flag(f"intra=1GB/s,1us;inter={RATE_GBPS}GB/s,1us"))
+                if f["kind"] == "link"]
+    (again,) = [f for f in find(load(str(trace)), link=link_flag(f"intra={RATE_GBPS}GB/s,1us;inter={claimed}GB/s,1us"))
+                if f["kind"] == "link"]
+    assert again["evidence"]["ops"][0]["fraction_of_link"] == pytest.approx(ops[0]["fraction_of_link"], rel=0.01)
 
 
 @pytest.mark.parametrize("args, words", [

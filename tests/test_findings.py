@@ -25,11 +25,32 @@ def jobs(tmp_path_factory):
     out = {}
     for name, script, args in (("slowed", SCRIPT, ("--delay-ms", str(DELAY_MS))), ("balanced", SCRIPT, ()),
                                ("per-param", PER_PARAM, ()), ("fused", PER_PARAM, ("--fused",))):
-        proc = commprof("profile", "--nproc", "2", "--trace", str(tmp / name), "--json", str(tmp / f"{name}.json"),
-                        "--", script, "--steps", "12", *args)
+        # the fused job without --trace: its findings come from a private trace, in a temp dir of its own
+        traced = ("--trace", str(tmp / name)) if name != "fused" else ()
+        (tmp / f"{name}-tmp").mkdir()
+        proc = commprof("profile", "--nproc", "2", *traced, "--json", str(tmp / f"{name}.json"),
+                        "--", script, "--steps", "12", *args, env=env_for_tests(TMPDIR=str(tmp / f"{name}-tmp")))
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = (json.loads((tmp / f"{name}.json").read_text()), proc, tmp / name)
     return out
+
+
+def test_findings_without_trace_leave_no_trace_behind(jobs, tmp_path):
+    # profile and run (2 ranks under the launcher; one process alone) make findings untraced, the same
+    # block as a traced job's, and leave nothing in the temp dir; the trace line is said only for --trace
+    doc, proc, folder = jobs["fused"]
+    assert doc["findings"]["items"] is not None and doc["findings"]["by_rank"], doc["findings"]
+    assert not folder.exists() and "trace:" not in proc.stderr
+    assert not list((folder.parent / "fused-tmp").glob("commprof*"))  # (torch leaves a cache folder there)
+    assert "trace:" in jobs["balanced"][1].stderr
+    alone = tmp_path / "tmp"
+    alone.mkdir()
+    proc = commprof("run", "--strategy", "single", "--steps", "4", "--warmup", "1", "--eval-samples", "0",
+                    "--json", str(tmp_path / "r.json"), env=env_for_tests(TMPDIR=str(alone)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert found["items"] is not None and [r["rank"] for r in found["by_rank"]] == [0], found
+    assert not list(alone.glob("commprof*")) and "trace:" not in proc.stderr
 
 
 def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanced_step(jobs):
@@ -164,6 +185,25 @@ def test_run_names_the_rank_a_slow_fault_delays(tmp_path):
     assert top["ms_per_step"] == pytest.approx(delay, rel=0.15), top
 
 
+def test_four_ranks_one_clock_ahead_the_straggler_is_still_found_at_its_delay(tmp_path):
+    # 4 ranks, rank 1 slowed by 50 ms before its one all-reduce a step, rank 2's clock 500 ms ahead of the
+    # others' (the `clock` fault): the alignment finds rank 2's offset within the bound it states (so every
+    # spread and wait is within that of the truth; 4 ranks on 2 cores over gloo: ~1-3 ms) and the others'
+    # as none, and the straggler is rank 1 at the delay, as with one clock.
+    delay, ahead = 50.0, 500.0
+    env = env_for_tests(COMMPROF_FAULT=f"slow:rank=1:op=all_reduce:ms={delay:g},clock:rank=2:ms={ahead:g}")
+    proc = commprof("run", "--strategy", "ddp", "--nproc", "4", "--steps", "10", "--warmup", "2", "--bucket-mb", "100",
+                    "--eval-samples", "0", "--trace", str(tmp_path / "t"), "--json", str(tmp_path / "r.json"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    clocks = json.loads((tmp_path / "t" / "trace.json").read_text())["otherData"]["clock_sync"]["ranks"]
+    applied = [r["applied_offset_ns"] / 1e6 for r in clocks]
+    print(f"rank 2's clock: {applied[2]:.3f} ms ahead found, bound {clocks[2]['residual_ns'] / 1e6:.3f} ms")
+    assert abs(applied[2] - ahead) <= clocks[2]["residual_ns"] / 1e6 and applied[:2] + applied[3:] == [0, 0, 0], clocks
+    top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
+    assert (top["kind"], top["rank"]) == ("straggler", 1), top
+    assert top["ms_per_step"] == pytest.approx(delay, rel=0.15), top
+
+
 def _pipeline_block(row: dict, ranks: int) -> dict:
     """run/pipeline_figures.py's block from a bubble_worker line (one stage a rank)."""
     return {"schedule": row["schedule"], "stages": ranks, "micro_batches": row["micro_batches"],
@@ -203,7 +243,7 @@ def test_a_pipeline_of_unequal_stages_has_a_bubble_finding_and_an_equal_one_none
     assert f["ms_per_step"] == pytest.approx(step - 450, abs=0.1 * 450), f
 
 
-def test_an_untraced_pipeline_run_prints_its_bubble_finding(tmp_path):
+def test_an_untraced_pipeline_run_prints_its_findings_bubble_included(tmp_path):
     # mnist-cnn cut in two: the convolutions on stage 0, the rest on stage 1, which idles most of its schedule
     out = tmp_path / "p.json"
     proc = commprof("run", "--strategy", "pipeline-gpipe", "--nproc", "2", "--steps", "5", "--warmup", "1",
@@ -214,5 +254,5 @@ def test_an_untraced_pipeline_run_prints_its_bubble_finding(tmp_path):
     p = doc["pipeline"]
     assert f["evidence"]["predicted_fraction"] == p["predicted_bubble_fraction"]
     assert f["step_ms_without"] == pytest.approx(doc["summary"]["wall_ms"] - f["ms_per_step"])
-    assert "need --trace" in doc["findings"]["scope"]
+    assert "scope" not in doc["findings"] and len(doc["findings"]["by_rank"]) == 2, doc["findings"]
     assert proc.stdout.index("findings") < proc.stdout.index("commprof run ·") and "  bubble " in proc.stdout

@@ -126,7 +126,8 @@ def test_run_plots_draw_the_summaries(reports, tmp_path):
     _, runs = reports
     drawn = plots.run_plots(runs, tmp_path, factor="batch_size")
     iteration, factor, loss = (str(tmp_path / f"run-{name}.png") for name in ("iteration", "batch_size", "loss"))
-    assert list(drawn) == [iteration, factor, loss]
+    causes = [str(tmp_path / f"run-causes-{label.replace(' ', '_')}.png") for label in RUNS]  # each has findings
+    assert list(drawn) == [iteration, factor, loss, *causes]
     assert pixels(iteration) == size_of(plots.ITERATION_SIZE)
     assert fits(factor, plots.FACTOR_SIZE)
     assert fits(loss, plots.LOSS_SIZE)
@@ -177,7 +178,9 @@ def test_factor_plot_only_for_a_numeric_factor(reports, tmp_path):
     _, runs = reports
     for factor in ("strategy", "no_such_flag", None):
         drawn = plots.run_plots(runs, tmp_path / str(factor), factor=factor)
-        assert sorted(p.rsplit("/", 1)[1] for p in drawn) == ["run-iteration.png", "run-loss.png"]
-        assert sorted(p.name for p in (tmp_path / str(factor)).iterdir()) == ["run-iteration.png", "run-loss.png"]
+        summaries = sorted(p.rsplit("/", 1)[1] for p in drawn if "run-causes" not in p)
+        assert summaries == ["run-iteration.png", "run-loss.png"]
+        assert sorted(p.name for p in (tmp_path / str(factor)).iterdir()
+                      if not p.name.startswith("run-causes")) == ["run-iteration.png", "run-loss.png"]
     with pytest.raises(ValueError, match="labels"):
         plots.run_plots(runs + runs[:1], tmp_path)

@@ -68,6 +68,23 @@ def test_fabric_fitted_from_a_bench_json(traced):
     assert (f.intra.alpha_s, f.intra.beta_s_per_byte) == (model.alpha_s, model.beta_s_per_byte)
 
 
+def test_link_rate_is_one_rate_a_rate_per_level_or_a_bench_json(traced):
+    # run's and profile's --link-rate: the findings hold each op to the level it crosses
+    assert fabrics.link_flag(None) is None
+    one = fabrics.link_flag("200Gbit/s")
+    assert one.rate_GBps(False) == one.rate_GBps(True) == pytest.approx(25)
+    levels = fabrics.link_flag("intra=450GB/s,3us;inter=50GB/s,8us")
+    assert (levels.rate_GBps(False), levels.rate_GBps(True)) == (pytest.approx(450), pytest.approx(50))
+    assert fabrics.link_flag("inter=50GB/s,8us").rate_GBps(False) is None
+    bench = fabrics.link_flag(str(traced / "bench.json"))
+    assert bench.rate_GBps(False) == pytest.approx(1 / fabrics.parse(str(traced / "bench.json")).intra.beta_s_per_byte
+                                                   / 1e9) and bench.rate_GBps(True) is None
+    for bad, words in (("fast", "cannot read rate 'fast' of --link-rate"), ("intra=1GB/s", "give a rate and a latency"),
+                       ("nope.json", "cannot read it")):
+        with pytest.raises(UsageError, match=words):
+            fabrics.link_flag(bad)
+
+
 # ---- the replay, on iterations built by hand --------------------------------------------------------
 def test_an_op_starts_when_the_last_member_issues_it():
     a = op(0)

@@ -109,8 +109,9 @@ def test_list_models():
     (["--model", "resnet18", "--frozen-backbone", "--optimizer", "lamb"], "invalid choice: 'lamb'"),
     (["--model", "resnet18", "--head-width", "512"], "--head-width sizes the --frozen-backbone head"),
     (["--model", "resnet18", "--frozen-backbone", "--head-width", "0"], "--head-width must be at least 1"),
-    (["--link-rate", "1Gbit/s"], "--link-rate judges the ops of the trace: give --trace DIR too"),
-    (["--link-rate", "fast", "--trace", "/nonexistent-t"], "cannot read rate 'fast' of --link-rate"),
+    (["--link-rate", "fast"], "cannot read rate 'fast' of --link-rate"),
+    (["--link-rate", "intra=25GB/s"], "--link-rate intra=25GB/s: give a rate and a latency"),
+    (["--link-rate", "/nonexistent/bench.json"], "/nonexistent/bench.json"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     proc = commprof("run", "--nproc", "1", *args, "--steps", "3") if "--steps" not in args else commprof("run", *args)

@@ -9,17 +9,20 @@ KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hu
                calls something its peers do not
        slow    the rank sleeps `ms` before every counted op from the seq-th on: a straggler its peers wait
                for (with op=NAME of one op a step, D ms a step)
+       clock   the rank's clock (perf_counter, every stamp commprof takes) reads `ms` ahead of its peers'
+               from the start: a node whose clock is not rank 0's, which the trace's alignment must undo
 rank   which rank (default 0)
 op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
 seq    fire at the N-th such op this rank issues, 1-based (default 1)
 at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op;
        `init`: after the check-in, just before MPI_Init or the rendezvous (where the start-up deadline holds)
-ms     how long `slow` sleeps (default 10)
+ms     how long `slow` sleeps, how far `clock` is ahead (default 10)
 
     COMMPROF_FAULT=stall:rank=1:seq=5 commprof bench --nproc 2 --timeout 3
     COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
     COMMPROF_FAULT=desync:rank=1:seq=3 commprof bench all_reduce --backend mpi --nproc 2
     COMMPROF_FAULT=slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --bucket-mb 100 --trace t/
+    COMMPROF_FAULT=clock:rank=1:ms=500,slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --trace t/
 
 The hot path pays one attribute test per op when no fault is set. Exercised by: `pytest tests/test_failures.py`.
 """
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from commprof.errors import UsageError
 
 ENV = "COMMPROF_FAULT"
-KINDS = ("stall", "stop", "die", "desync", "slow")
+KINDS = ("stall", "stop", "die", "desync", "slow", "clock")
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Fault:
     """One injected failure."""
 
     kind: str
-    """stall, stop, die, desync or slow."""
+    """stall, stop, die, desync, slow or clock."""
     rank: int = 0
     """The rank it happens on."""
     op: str | None = None
@@ -54,7 +57,7 @@ class Fault:
     signal: str = "KILL"
     """The signal `die` sends."""
     ms: float = 10.0
-    """How long `slow` sleeps before each op."""
+    """How long `slow` sleeps before each op; how far ahead `clock` reads."""
 
 
 def parse(spec: str) -> list[Fault]:
@@ -97,8 +100,11 @@ class Injector:
     """This rank's faults; `Comm._call` calls it before every op."""
 
     def __init__(self, faults: list[Fault]) -> None:
-        self._faults = faults
-        self._counts = [0] * len(faults)
+        for fault in faults:
+            if fault.kind == "clock":  # before the rank takes its first stamp
+                _skew(fault.ms)
+        self._faults = [f for f in faults if f.kind != "clock"]
+        self._counts = [0] * len(self._faults)
         self._firing = False
 
     @classmethod
@@ -125,6 +131,24 @@ class Injector:
                     _fire(fault, comm, nbytes, dtype)
                 finally:
                     self._firing = False
+
+
+_SKEWED: list = []
+"""The real clock functions, once a `clock` fault has shifted them (a second Injector adds nothing)."""
+
+
+def _skew(ms: float) -> None:
+    """This process's perf_counter clocks read `ms` ahead: durations stay as they are, stamps do not."""
+    if _SKEWED:
+        return
+    from commprof.record.clock import CpuClock
+
+    offset_ns = round(ms * 1e6)
+    _SKEWED[:] = [time.perf_counter_ns, time.perf_counter]
+    real_ns, real = _SKEWED
+    time.perf_counter_ns = lambda: real_ns() + offset_ns
+    time.perf_counter = lambda: real() + offset_ns / 1e9
+    CpuClock.now = staticmethod(time.perf_counter_ns)
 
 
 def _fire(fault: Fault, comm, nbytes: int, dtype) -> None:

@@ -13,13 +13,15 @@
   exposed_comm  the op (name, group, size) whose transfer the ranks' threads blocked on longest, the mean
                 over ranks; evidence: its bus bandwidth once every party had arrived. Without it: free.
   latency_bound collectives smaller than n½, the size where the link gives half its bandwidth, by an α–β
-                fit of the job's own collectives (their transfer times against their bytes on the bus):
+                fit of the job's own collectives (their transfer times against their bytes on the bus; every
+                one when their times do not grow with their sizes, β = 0):
                 how many a step, what they take, and what fusing each group's into one op would save,
                 (k − 1)·α for k ops. Without them: each costs α less (k − 1)/k in the replay.
-  link          given the link's rate (--link-rate): the ops whose transfer reaches less than LINK_SHARE of
-                it on the bus, among those whose bytes take at least LINK_MIN_US on it (below, latency
-                rules: latency_bound's kind); evidence: each such op (name, group, size) with its bus
-                bandwidth and fraction of the link. Without it: each costs its bytes at the link's rate.
+  link          given the link (--link-rate: one rate, a rate per level, or a bench JSON's fit): the ops whose
+                transfer reaches less than LINK_SHARE of the rate of the level they cross (inside a host or
+                between hosts) on the bus, among those whose bytes take at least LINK_MIN_US on it (below,
+                latency rules: latency_bound's kind); evidence: each such op (name, group, size) with its
+                bus bandwidth and fraction of its link. Without it: each costs its bytes at the link's rate.
   bubble        a pipeline (`run`'s pipeline strategies) idling beyond its schedule's own bubble, the
                 fraction f = (p − 1)/(m + p − 1) of p stages and m micro-batches: with the stages' work
                 (schedule − bubble) split evenly, the longest schedule would be mean work / (1 − f); the
@@ -28,7 +30,7 @@
 
 A finding below THRESHOLD of the step is not reported: a balanced job reports no straggler or imbalance.
 
-    commprof profile --nproc 2 --trace t/ --json p.json -- train.py
+    commprof profile --nproc 2 --json p.json -- train.py     # traced privately when --trace is not given
 
 Exercised by: `pytest tests/test_findings.py`.
 """
@@ -39,6 +41,7 @@ from commprof.bench.alphabeta import fit
 from commprof.findings import slices, whatif
 from commprof.findings.arrivals import Analysis, analyze, median
 from commprof.measurement import COLLECTIVES
+from commprof.predict.fabric import Fabric
 from commprof.predict.timeline import Measured
 from commprof.stats import median_ci
 
@@ -53,14 +56,14 @@ LINK_MIN_US = 100.0
 latency, not the link's bandwidth."""
 
 
-def find(m: Measured, *, threshold: float = THRESHOLD, link_GBps: float | None = None,
+def find(m: Measured, *, threshold: float = THRESHOLD, link: Fabric | None = None,
          a: Analysis | None = None) -> list[dict]:
     """Every finding of `m` above `threshold` of its step, costliest first; `link` only given the link's
-    rate (GB/s). `a`: m's analysis, when the caller has it."""
+    levels (predict/fabric.py's Fabric). `a`: m's analysis, when the caller has it."""
     a = a or analyze(m)
     out = _stragglers(m, a, threshold) + _imbalance(m, a) + _exposed(m, a) + _latency_bound(m, a)
-    if link_GBps:
-        out += _link(m, a, link_GBps)
+    if link is not None:
+        out += _link(m, a, link)
     return sorted((f for f in out if f["share_of_step"] >= threshold), key=lambda f: -f["ms_per_step"])
 
 
@@ -131,10 +134,12 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
     ops = [x for x in a.arrivals if x.op.name in COLLECTIVES and x.op.name != "barrier" and x.op.nbytes > 0]
     bus = {x.op.key: x.op.nbytes * COLLECTIVES[x.op.name].bus_factor(len(x.parties)) for x in ops}
     line = fit([(bus[x.op.key], x.transfer_ms / 1e3) for x in ops])
-    if line is None or line.beta_s_per_byte <= 0 or line.alpha_s <= 0:
+    if line is None or line.alpha_s <= 0:
         return []
-    half = line.alpha_s / line.beta_s_per_byte  # bytes on the bus where α = β·n: half the bandwidth
-    small = [x for x in ops if bus[x.op.key] < half]
+    # bytes on the bus where α = β·n: half the bandwidth; none where the times do not grow with the sizes
+    # (the fit's β = 0: latency alone, every op under it)
+    half = line.alpha_s / line.beta_s_per_byte if line.beta_s_per_byte > 0 else None
+    small = [x for x in ops if half is None or bus[x.op.key] < half]
     if len(small) < 2 * a.iterations:  # fewer than two a step: nothing to fuse
         return []
     per_group: dict[tuple, int] = {}
@@ -152,7 +157,7 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
     without = whatif.step_without(m, a, cost=fused)
     return [_finding("latency_bound", a, max(0.0, a.step_ms - without), without,
                      evidence={"ops_per_step": len(small) / a.iterations, "n_half_bytes": half,
-                               "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": 1 / line.beta_s_per_byte / 1e9,
+                               "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": line.as_record()["bandwidth_GBps"],
                                "ms_per_step_in_them": sum(x.transfer_ms for x in small) / a.iterations,
                                "fusing_saves_ms": saving})]
 
@@ -164,19 +169,20 @@ def _bus_bytes(x) -> float:
     return float(x.op.nbytes)
 
 
-def _link(m: Measured, a: Analysis, link_GBps: float) -> list[dict]:
+def _link(m: Measured, a: Analysis, link: Fabric) -> list[dict]:
     by_op: dict[tuple, list] = {}
     for x in a.arrivals:
-        at_link_ms = _bus_bytes(x) / (link_GBps * 1e9) * 1e3
+        rate = link.rate_GBps(len({m.hosts[r] for r in x.parties}) > 1)
+        at_link_ms = _bus_bytes(x) / (rate * 1e9) * 1e3 if rate else 0.0
         if x.op.name != "barrier" and at_link_ms * 1e3 >= LINK_MIN_US and x.transfer_ms > 0:
-            by_op.setdefault((x.op.name, x.op.label, x.op.nbytes), []).append((x.transfer_ms, at_link_ms))
+            by_op.setdefault((x.op.name, x.op.label, x.op.nbytes), []).append((x.transfer_ms, at_link_ms, rate))
     slow = {}
     for signature, spans in by_op.items():
-        took, ideal = median(t for t, _ in spans), spans[0][1]
+        took, ideal, rate = median(t for t, _, _ in spans), spans[0][1], spans[0][2]
         if ideal / took < LINK_SHARE:
             slow[signature] = {"op": signature[0], "group": signature[1], "bytes": signature[2],
                                "per_step": len(spans) / a.iterations, "transfer_ms_median": took,
-                               "at_link_ms": ideal, "busbw_GBps": link_GBps * ideal / took,
+                               "at_link_ms": ideal, "link_GBps": rate, "busbw_GBps": rate * ideal / took,
                                "fraction_of_link": ideal / took}
     if not slow:
         return []
@@ -189,7 +195,8 @@ def _link(m: Measured, a: Analysis, link_GBps: float) -> list[dict]:
     without = whatif.step_without(m, a, cost=at_link)
     ops = sorted(slow.values(), key=lambda s: s["fraction_of_link"])
     return [_finding("link", a, max(0.0, a.step_ms - without), without, op=ops[0]["op"], group=ops[0]["group"],
-                     bytes=ops[0]["bytes"], evidence={"link_GBps": link_GBps, "share": LINK_SHARE, "ops": ops})]
+                     bytes=ops[0]["bytes"], evidence={"link_GBps": ops[0]["link_GBps"], "share": LINK_SHARE,
+                                                      "fabric": link.as_record(), "ops": ops})]
 
 
 def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOLD) -> list[dict]:
@@ -214,8 +221,8 @@ def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOL
 
 
 def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> dict | None:
-    """A findings block (of_trace's, or None for an untraced run) with the bubble finding in its place; an
-    untraced pipeline run gets a block of that finding alone, which says that the others need --trace."""
+    """A findings block (of_trace's, or None for a run without a trace: one process alone) with the bubble
+    finding in its place; an untraced pipeline run gets a block of that finding alone."""
     found = bubble(pipeline, step_ms, threshold=block["threshold"] if block else THRESHOLD)
     if block is None:
         return None if not pipeline else {"threshold": THRESHOLD, "items": found,
@@ -232,7 +239,7 @@ def by_rank(a: Analysis) -> list[dict]:
              "waiting_ms": {str(k): v for k, v in r.waiting_ms.items()}} for r in a.ranks]
 
 
-def of_trace(directory: str, *, threshold: float = THRESHOLD, link_GBps: float | None = None) -> dict:
+def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | None = None) -> dict:
     """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items",
     "by_rank", "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
     "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
@@ -242,7 +249,7 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link_GBps: float |
     try:
         m = load(directory)
         a = analyze(m)
-        block = {"threshold": threshold, "items": find(m, threshold=threshold, link_GBps=link_GBps, a=a),
+        block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
                  "by_rank": by_rank(a)}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}

@@ -60,6 +60,11 @@ class Fabric:
     def as_record(self) -> dict:
         return {name: None if getattr(self, name) is None else getattr(self, name).as_record() for name in LEVELS}
 
+    def rate_GBps(self, across_hosts: bool) -> float | None:
+        """The bandwidth of the level an op crosses (GB/s); None when that level is unknown."""
+        found = self.inter if across_hosts else self.intra
+        return 1 / found.beta_s_per_byte / 1e9 if found is not None and found.beta_s_per_byte > 0 else None
+
 
 def parse_time(text: str, flag: str) -> float:
     """'3us', '1.5 ms', '800ns' -> seconds."""
@@ -90,6 +95,17 @@ def parse(text: str, flag: str = "--fabric") -> Fabric:
     if not levels:
         raise UsageError(f"{flag} names no level: use intra=RATE,LATENCY;inter=RATE,LATENCY")
     return Fabric(intra=levels.get("intra"), inter=levels.get("inter"))
+
+
+def link_flag(text: str | None, flag: str = "--link-rate") -> Fabric | None:
+    """run's and profile's --link-rate: one rate for every link ('25GB/s', '100Gbit/s'), a spec as --fabric
+    takes it (a rate per level), or a bench JSON (its fitted levels); None without the flag."""
+    if text is None:
+        return None
+    if "=" in text or os.path.exists(text) or text.endswith(".json"):
+        return parse(text, flag)
+    level = Level(alpha_s=0.0, beta_s_per_byte=1 / (parse_rate(text, flag) * 1e9), source="given")
+    return Fabric(intra=level, inter=level)
 
 
 def from_bench(path: str, flag: str = "--fabric") -> Fabric:

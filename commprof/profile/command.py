@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from commprof import flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
+from commprof.predict.fabric import Fabric, link_flag
 from commprof.report.files import Outputs
-from commprof.report.units import link_rate
 from commprof.world import World
 
 
@@ -56,8 +56,9 @@ class ProfileConfig:
     it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
     out: Outputs = field(default_factory=Outputs)
     """--json, --trace and the command line."""
-    link_GBps: float | None = None
-    """The rate of the link the ops cross (--link-rate, GB/s): the findings name the ops below half of it."""
+    link: Fabric | None = None
+    """The link the ops cross (--link-rate: a rate, a fabric spec or a bench JSON): the findings name the ops
+    below half of its rate."""
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -96,7 +97,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
                          warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
                          steps_per_epoch=args.steps_per_epoch,
                          global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out,
-                         link_GBps=link_rate(args))
+                         link=link_flag(args.link_rate))
 
 
 class _Profile:

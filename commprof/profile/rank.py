@@ -35,7 +35,7 @@ from commprof.comm.store import open_store
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.profile import ending
-from commprof.record import hooks, trace
+from commprof.record import hooks, trace, trace_folder
 from commprof.record.clock import CpuClock
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
@@ -87,6 +87,8 @@ class Session:
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
         self.tracer = None
+        self.folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=True)
+        """Where this rank traces (--trace's folder, or a private one for the findings)."""
         self._saved = (dist.init_process_group, dist.destroy_process_group)
         dist.init_process_group = self._init
         dist.destroy_process_group = self._destroy
@@ -117,8 +119,7 @@ class Session:
                                  dump_dir=self.cfg.out.dump_folder())
         self.watchdog.on_failure(self._salvage)
         self.watchdog.__enter__()
-        if self.cfg.out.trace:
-            self.tracer = trace.start(world, self.cfg.out.trace)
+        self.tracer = trace.start(world, self.folder.path)
 
     def _own_store(self) -> bool:
         """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
@@ -222,9 +223,9 @@ class Session:
         self.tracker.finish()
         comm = self.interposer.comm(None)
         if self.tracer is not None:
-            merged = trace.finish(comm, self.tracer, self.cfg.out.trace)
+            merged = trace.finish(comm, self.tracer, self.folder.path)
             self.tracer = None
-            if merged is not None:
+            if merged is not None and self.folder.asked:
                 sys.stderr.write(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev\n")
         result = self._result(self.tracker.iterations, self.tracker.volumes)
         pieces = comm.gather_object(local_env(torch.device("cpu")), dst=0)
@@ -255,10 +256,9 @@ class Session:
         from commprof.profile.results import combine
 
         doc = combine(self.cfg, results, env)
-        if self.cfg.out.trace:
-            from commprof.findings.kinds import of_trace
+        from commprof.findings.kinds import of_trace
 
-            doc["findings"] = of_trace(self.cfg.out.trace, link_GBps=self.cfg.link_GBps)
+        doc["findings"] = of_trace(self.folder.path, link=self.cfg.link)
         self._print(doc)
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})
@@ -283,6 +283,7 @@ class Session:
         functional.uninstall()
         dist.init_process_group, dist.destroy_process_group = self._saved
         interpose.uninstall()
+        self.folder.discard()
 
 
 def _control_plane(world) -> ControlPlane | None:

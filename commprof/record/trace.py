@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from commprof.record.annotate import ANNOTATOR
+from commprof.record.clock_sync import host_name, sync_clocks
 from commprof.record.gpu_trace import StreamSpans
 from commprof.record.merge import load, merge, parse, write_merged  # noqa: F401 (trace.load, trace.merge)
 from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
@@ -45,39 +46,6 @@ FLUSH_NS = 200_000_000
 `measured` range) ends at least this long after the last write: what a SIGKILL can lose."""
 CLOSE = "\n]\n"
 """What closes the array: every write ends with it, and the next one starts where it starts."""
-
-
-def sync_clocks(comm, rounds: int = 16) -> dict:
-    """Each rank's clock offset against rank 0 (perf_counter_ns), by round trips over the control plane:
-    rank 0 stamps a, broadcasts; rank r stamps b on arrival; rank 0 stamps c once all answered. Rank r's
-    b happened between a and c on rank 0's clock, so offset = b − (a + c)/2 with error ≤ (c − a)/2; the
-    round with the tightest bound wins. Ranks on rank 0's host share its CLOCK_MONOTONIC: offset 0."""
-    best: dict[int, tuple[int, int]] = {}
-    for _ in range(rounds):
-        comm.control_barrier()
-        a = comm.broadcast_object(time.perf_counter_ns() if comm.rank == 0 else None, src=0)
-        b = time.perf_counter_ns()
-        stamps = comm.gather_object(b, dst=0)
-        if stamps is not None:
-            c = time.perf_counter_ns()
-            for r, b_r in enumerate(stamps):
-                bound = (c - a) // 2
-                if r not in best or bound < best[r][1]:
-                    best[r] = (b_r - (a + c) // 2, bound)
-    hosts = comm.gather_object(_host(), dst=0)
-    table = None
-    if hosts is not None:
-        table = {"epoch_ns": a, "ranks": [
-            {"rank": r, "host": hosts[r], "measured_offset_ns": best[r][0], "bound_ns": best[r][1],
-             "applied_offset_ns": 0 if hosts[r] == hosts[0] else best[r][0],
-             "residual_ns": 0 if hosts[r] == hosts[0] else best[r][1]} for r in range(comm.world_size)]}
-    return comm.broadcast_object(table, src=0)
-
-
-def _host() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 class TraceRecorder:
@@ -285,7 +253,7 @@ def start(comm, directory: str | Path) -> TraceRecorder:
     directory.mkdir(parents=True, exist_ok=True)
     if comm is None:
         clocks = {"epoch_ns": time.perf_counter_ns(), "ranks": [
-            {"rank": 0, "host": _host(), "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0,
+            {"rank": 0, "host": host_name(), "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0,
              "residual_ns": 0}]}
         rank, size = 0, 1
     else:

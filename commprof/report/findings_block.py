@@ -49,8 +49,10 @@ def _what(f: dict) -> str:
         return (f"{f['op']} ({f['group']}) of {format_bytes(f['bytes'])}: {ms:.1f} ms/step of transfer exposed "
                 f"({share:.0f} % of the step), {e['per_step']:.3g} a step{bw}")
     if f["kind"] == "latency_bound":
-        return (f"{e['ops_per_step']:.3g} collectives a step under n½ = {format_bytes(int(e['n_half_bytes']))} on "
-                f"the bus (α {e['alpha_us']:.0f} µs, {e['bandwidth_GBps']:.3g} GB/s), {e['ms_per_step_in_them']:.1f} "
+        under = (f"under n½ = {format_bytes(int(e['n_half_bytes']))} on the bus (α {e['alpha_us']:.0f} µs, "
+                 f"{e['bandwidth_GBps']:.3g} GB/s)" if e["n_half_bytes"] is not None else
+                 f"of latency alone (α {e['alpha_us']:.0f} µs, their times not growing with their sizes)")
+        return (f"{e['ops_per_step']:.3g} collectives a step {under}, {e['ms_per_step_in_them']:.1f} "
                 f"ms/step in them: fusing them saves {e['fusing_saves_ms']:.1f} ms of comm, {ms:.1f} ms/step "
                 f"({share:.0f} % of the step)")
     if f["kind"] == "link":

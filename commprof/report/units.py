@@ -48,16 +48,6 @@ def parse_rate(text: str, flag: str) -> float:
     return rate
 
 
-def link_rate(args) -> float | None:
-    """run's and profile's --link-rate in GB/s, or None; refused without --trace, whose op spans it judges."""
-    if getattr(args, "link_rate", None) is None:
-        return None
-    rate = parse_rate(args.link_rate, "--link-rate")
-    if not args.trace:
-        raise UsageError("--link-rate judges the ops of the trace: give --trace DIR too")
-    return rate
-
-
 def format_bytes(n: int) -> str:
     """65536 -> '64 KiB'; exact multiples print without decimals."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

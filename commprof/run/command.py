@@ -26,9 +26,10 @@ from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
 from commprof.parallel.grid import degrees
 from commprof.parallel.partition import BALANCE
+from commprof.predict.fabric import link_flag
 from commprof.report import files
 from commprof.report.files import Outputs
-from commprof.report.units import MAX_SIZE, link_rate
+from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
 from commprof.strategies import CATALOG
 from commprof.world import World
@@ -151,7 +152,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
         eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
-        out=Outputs.from_args(args), link_GBps=link_rate(args))
+        out=Outputs.from_args(args), link=link_flag(args.link_rate))
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:
@@ -167,6 +168,7 @@ class _Run(lifecycle.Command):
     """run's part of the job's life cycle (commprof/lifecycle.py)."""
 
     build_config = staticmethod(build_config)
+    findings = True
 
     @staticmethod
     def local_ranks(cfg: RunConfig, slots: int) -> int:
@@ -229,7 +231,7 @@ class _Run(lifecycle.Command):
         from commprof.findings.kinds import of_trace, with_bubble
         from commprof.report.findings_block import findings_text
 
-        traced = of_trace(cfg.out.trace, link_GBps=cfg.link_GBps) if cfg.out.trace else None
+        traced = of_trace(rank.trace_dir, link=cfg.link) if rank.trace_dir else None
         findings = with_bubble(traced, doc.get("pipeline"), doc["summary"]["wall_ms"])
         if findings is not None:
             doc["findings"] = findings

@@ -6,9 +6,13 @@ Exercised by: `pytest tests/test_run_cli.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from commprof.flags import TIMEOUT_S
 from commprof.report.files import Outputs
+
+if TYPE_CHECKING:
+    from commprof.predict.fabric import Fabric
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class RunConfig:
     """Local ranks to start (--nproc); None: sized by the model-parallel degrees, else one per core or GPU."""
     out: Outputs = Outputs()
     """Files the job writes (--json: every figure per rank per iteration) and its command line."""
-    link_GBps: float | None = None
-    """The rate of the link the ops cross (--link-rate, GB/s): the findings name the ops below half of it."""
+    link: Fabric | None = None
+    """The link the ops cross (--link-rate: a rate, a fabric spec or a bench JSON): the findings name the ops
+    below half of its rate."""
     torch_profiler: str | None = None
     """Also capture a PyTorch profiler (Kineto) trace per rank into this directory, for Holistic Trace
     Analysis (--torch-profiler)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from commprof import job
 
@@ -47,7 +46,3 @@ def for_rank(asked: str | None, rank: int, *, findings: bool) -> TraceFolder | N
         return TraceFolder(str(path), False)
     return TraceFolder(tempfile.mkdtemp(prefix=f"commprof-trace-rank{rank}-"), False)
 
-
-def kept(folder: TraceFolder | None) -> Path | None:
-    """The folder the user keeps, if any."""
-    return Path(folder.path) if folder is not None and folder.asked else None

@@ -5,20 +5,23 @@
   the step measured without it;
 - tests/scripts/per_param_train.py, every gradient all-reduced on its own, beside the same script fusing
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
-  per-parameter step less the fused one).
+  per-parameter step less the fused one);
+- the straggler job at D = 20 with the last rank's clock --clock-ms ahead (COMMPROF_FAULT=clock): the offset
+  the trace's alignment found against the one injected, the bound it states, and the straggler's cost.
 
 Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores).
 
     python benchmarks/findings.py [--quick] [--delays 5,20,50] [--backends gloo,mpi] [--nproc 2]
-                                  [--steps 16] [--json PATH]
+                                  [--steps 16] [--clock-ms 500] [--json PATH]
 
 --quick: D = 20 on gloo, 8 steps; seconds, to see that it runs. Targets: cost and step within 15 %,
-saving within 25 %. Results: benchmarks/README.md.
+saving within 25 %, clock offset within 0.2 ms. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,17 +34,19 @@ QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
 TIMEOUT_S = 600
 
 
-def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str) -> dict:
-    """The JSON of `commprof profile --trace` of tests/scripts/SCRIPT, with the step of its own trace."""
+def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str, fault: str = "") -> dict:
+    """The JSON of `commprof profile --trace` of tests/scripts/SCRIPT (under COMMPROF_FAULT=fault), with the
+    step of its own trace and its clock alignment."""
     sys.path.insert(0, str(ROOT))
     from commprof.predict import timeline
 
     out = tmp / f"{name}.json"
     job([sys.executable, "-m", "commprof", "profile", "--nproc", str(nproc), "--backend", backend, "--trace",
-         str(tmp / name), "--json", str(out), "--", str(SCRIPTS / script), *args], env=with_root(),
-        timeout_s=TIMEOUT_S, what=f"findings: {name}")
+         str(tmp / name), "--json", str(out), "--", str(SCRIPTS / script), *args],
+        env=with_root({**os.environ, "COMMPROF_FAULT": fault}), timeout_s=TIMEOUT_S, what=f"findings: {name}")
     doc = json.loads(out.read_text())
     doc["trace_step_ms"] = timeline.load(str(tmp / name)).measured_wall_ms
+    doc["clock_sync"] = json.loads((tmp / name / "trace.json").read_text())["otherData"]["clock_sync"]
     return doc
 
 
@@ -55,6 +60,7 @@ def main() -> None:
     p.add_argument("--backends", default="gloo,mpi")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--clock-ms", type=float, default=500.0, help="how far ahead the last rank's clock is set")
     args = parse(p, QUICK)
     steps = ["--steps", str(args.steps)]
     rows = []
@@ -89,8 +95,26 @@ def main() -> None:
                          else predicted / measured})
             print(f"latency_bound ({at}): found {found is not None}, saving predicted {_f(predicted)} ms, "
                   f"measured {measured:.2f} ms", flush=True)
+            rows.append(clock(tmp, backend, args.nproc, args.clock_ms, steps))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+def clock(tmp: Path, backend: str, nproc: int, ahead_ms: float, steps: list[str]) -> dict:
+    """The straggler job (D = 20 ms) with the last rank's clock `ahead_ms` ahead: what the alignment found."""
+    skewed = nproc - 1
+    doc = profiled(tmp, f"{backend}-clock", backend, nproc, "straggler_train.py", *steps, "--delay-ms", "20",
+                   fault=f"clock:rank={skewed}:ms={ahead_ms:g}")
+    mine = doc["clock_sync"]["ranks"][skewed]
+    found = first(doc, "straggler")
+    row = {"case": "clock", "backend": backend, "nproc": nproc, "injected_ms": ahead_ms,
+           "found_ms": mine["applied_offset_ns"] / 1e6, "error_ms": mine["applied_offset_ns"] / 1e6 - ahead_ms,
+           "bound_ms": mine["residual_ns"] / 1e6, "straggler_rank": None if found is None else found["rank"],
+           "cost_over_delay": None if found is None else found["ms_per_step"] / 20.0}
+    print(f"clock {ahead_ms:g} ms ahead on rank {skewed} ({backend}, {nproc} ranks): found {row['found_ms']:.3f} "
+          f"ms (error {row['error_ms']:+.3f}, bound {row['bound_ms']:.3f}); straggler rank {row['straggler_rank']}, "
+          f"cost/D {_f(row['cost_over_delay'])}", flush=True)
+    return row
 
 
 def _f(x: float | None) -> str:

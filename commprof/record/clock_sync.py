@@ -16,26 +16,28 @@ SAME_CLOCK_SLACK_NS = 1_000
 
 
 def sync_clocks(comm, rounds: int = 16) -> dict:
-    """Each rank's clock offset against rank 0 (perf_counter_ns), by round trips over the control plane:
-    rank 0 stamps a, broadcasts; rank r stamps b on arrival; rank 0 stamps c once all answered. Rank r's
-    b happened between a and c on rank 0's clock, so its offset θ lies in [b − c, b − a]; θ lies in every
+    """Each rank's clock offset against rank 0 (perf_counter_ns), by round trips over the control plane, rank
+    by rank: rank 0 stamps a and broadcasts it; rank r stamps b on arrival and broadcasts b; rank 0 stamps c
+    on its arrival. Both legs are the same broadcast, so neither way is the slow one by construction (a
+    gather back, which waits for every rank, biased the middle by half a millisecond at 4 ranks). Rank r's b
+    happened between a and c on rank 0's clock, so its offset θ lies in [b − c, b − a]; θ lies in every
     round's interval, so in their intersection [max(b − c), min(b − a)], whose middle is the estimate and
-    whose half-width the bound — tighter than any one round's, as one round's broadcast may arrive early
-    and another's answer come back early. Ranks on rank 0's host share its CLOCK_MONOTONIC: offset 0, unless the
+    whose half-width the bound. Ranks on rank 0's host share its CLOCK_MONOTONIC: offset 0, unless the
     round trips show their clock differs by more than the bound (SAME_CLOCK_SLACK_NS beside it): a clock that
     is not rank 0's though the host name is (a container, the `clock` fault) is aligned as another host's."""
-    low: dict[int, int] = {}
-    high: dict[int, int] = {}
+    low: dict[int, int] = {0: 0}
+    high: dict[int, int] = {0: 0}
+    a = time.perf_counter_ns()
     for _ in range(rounds):
         comm.control_barrier()
-        a = comm.broadcast_object(time.perf_counter_ns() if comm.rank == 0 else None, src=0)
-        b = time.perf_counter_ns()
-        stamps = comm.gather_object(b, dst=0)
-        if stamps is not None:
-            c = time.perf_counter_ns()
-            for r, b_r in enumerate(stamps):
-                low[r] = max(low.get(r, b_r - c), b_r - c)
-                high[r] = min(high.get(r, b_r - a), b_r - a)
+        for r in range(1, comm.world_size):
+            a = time.perf_counter_ns()
+            comm.broadcast_object(a if comm.rank == 0 else None, src=0)
+            b = comm.broadcast_object(time.perf_counter_ns() if comm.rank == r else None, src=r)
+            if comm.rank == 0:
+                c = time.perf_counter_ns()
+                low[r] = max(low.get(r, b - c), b - c)
+                high[r] = min(high.get(r, b - a), b - a)
     best = {r: ((low[r] + high[r]) // 2, max(0, high[r] - low[r]) // 2) for r in low}
     hosts = comm.gather_object(host_name(), dst=0)
     table = None

@@ -202,7 +202,7 @@ def test_parts_past_the_wall_are_scaled_to_it(grid):
     assert sum(parts.values()) == pytest.approx(summary["wall_ms"], rel=1e-12)
     assert parts["compute_ms"] == pytest.approx(0.9 * summary["compute_ms"], rel=1e-12)
     run = {"label": "cut", "config": {}, "result": {**grid[0]["runs"][1]["result"], "summary": summary}}
-    (bars, _) = plots.run_plots([run], grid[2].parent / "cut").values()
+    bars, _loss, _causes = plots.run_plots([run], grid[2].parent / "cut").values()
     assert bars["scale"] == [scale] and bars["legend"] == ["data", "compute", "exposed comm"]
 
 
@@ -215,7 +215,8 @@ def test_factor_panels_hold_the_table_figures(tmp_path):
     runs = [{"label": r["label"], "config": {"nproc": int(r["config"]["--nproc"])}, "result": r["result"]}
             for r in doc["runs"]]
     plots.run_plots(runs, tmp_path / "kept", factor="nproc", keep=figures)
-    assert sorted(p.rsplit("/", 1)[1] for p in out) == ["run-iteration.png", "run-loss.png", "run-nproc.png"]
+    assert sorted(p.rsplit("/", 1)[1] for p in out) == ["run-causes-nproc=1.png", "run-causes-nproc=2.png",
+                                                        "run-iteration.png", "run-loss.png", "run-nproc.png"]
     rows = compare.run_rows(doc["runs"])
     panels = figure(figures, "run-nproc.png").axes
     for ax, key in zip(panels, ("comm_ms", "compute_ms", "throughput")):

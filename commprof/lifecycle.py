@@ -183,7 +183,7 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
             tracer = trace.start(comm, folder.path) if folder is not None else None
             if tracer is not None:
                 rank.trace_dir = folder.path
-                rank.on_failure(lambda code, message: trace.abandon(tracer))
+                rank.on_failure(lambda code, message: (trace.abandon(tracer), folder.discard()))
             result = command.work(cfg, rank)
             if tracer is not None:
                 merged = trace.finish(comm, tracer, folder.path)

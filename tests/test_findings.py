@@ -63,6 +63,25 @@ def near_delay(found: dict, delay: float, value: float | None = None, rel: float
     return abs(value - delay) <= rel * delay + abs(besides)
 
 
+def test_a_failed_or_killed_ranks_private_trace_goes_too(tmp_path):
+    # Without commprof's launcher (torchrun's variables): rank 1 SIGKILLed at its 3rd all_reduce leaves its
+    # private folder; rank 0, failing on it, removes its own; the next run that makes one removes rank 1's.
+    import sys
+
+    from spawn import spawn
+
+    env = env_for_tests(TMPDIR=str(tmp_path), COMMPROF_FAULT="die:rank=1:op=all_reduce:seq=3")
+    proc = spawn([sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--steps", "6", "--timeout", "10",
+                  "--eval-samples", "0"], nproc=2, backend="gloo", env=env)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    left = [p.name for p in tmp_path.glob("commprof-trace-*")]
+    assert len(left) == 1, (left, proc.stderr[-2000:])  # rank 1's: killed, it could not
+    proc = commprof("run", "--strategy", "single", "--steps", "2", "--warmup", "1", "--eval-samples", "0",
+                    env=env_for_tests(TMPDIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("commprof-trace-*"))
+
+
 def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanced_step(jobs):
     doc, proc, _ = jobs["slowed"]
     top = doc["findings"]["items"][0]

@@ -118,6 +118,7 @@ class Session:
         self.watchdog = Watchdog(world, timeout_s=timeout_s, rank=self.world.rank,
                                  dump_dir=self.cfg.out.dump_folder())
         self.watchdog.on_failure(self._salvage)
+        self.watchdog.on_failure(lambda code, message: self.folder.discard())
         self.watchdog.__enter__()
         self.tracer = trace.start(world, self.folder.path)
 

@@ -2,7 +2,9 @@
 rank's op spans (run, profile), a private folder of the rank's own that goes at the job's end — so that
 every run has findings, traced or not, at the trace's cost (benchmarks/trace_overhead.py: 0.33 % of a DDP
 iteration). Under commprof's launcher the private folder lies in the job folder, which the launcher removes
-even when the rank ends badly; without one (torchrun, a bare mpiexec) it is a temporary folder of its own.
+even when the rank ends badly; without one (torchrun, a bare mpiexec) it is a temporary folder named for the
+rank's pid, removed at the end, on a failure the rank reports, and — after a rank killed outright — by the
+next rank that makes one, as the folders of processes that are gone.
 
     commprof run --strategy ddp --nproc 2          # findings from a private trace
     commprof run --strategy ddp --nproc 2 --trace t/   # the same findings; t/ kept
@@ -12,11 +14,16 @@ Exercised by: `pytest tests/test_findings.py`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from commprof import job
+
+PREFIX = "commprof-trace-"
+"""A private temporary folder's name: PREFIX, the pid of the rank that made it, '-', random letters."""
 
 
 @dataclass(frozen=True)
@@ -44,5 +51,20 @@ def for_rank(asked: str | None, rank: int, *, findings: bool) -> TraceFolder | N
         path = where / f"trace-rank{rank}"
         path.mkdir(exist_ok=True)
         return TraceFolder(str(path), False)
-    return TraceFolder(tempfile.mkdtemp(prefix=f"commprof-trace-rank{rank}-"), False)
+    _sweep()
+    return TraceFolder(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"), False)
+
+
+def _sweep() -> None:
+    """Remove the private folders whose rank is gone (killed before it could remove its own)."""
+    for stale in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        pid = stale.name[len(PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # another user's process: alive
+            continue
 

@@ -221,12 +221,12 @@ def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOL
 
 
 def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> dict | None:
-    """A findings block (of_trace's, or None for a run without a trace: one process alone) with the bubble
-    finding in its place; an untraced pipeline run gets a block of that finding alone."""
+    """A findings block (of_trace's; None where the run has no trace to read) with the bubble finding in its
+    place; a pipeline run without a trace gets a block of that finding alone, which says so."""
     found = bubble(pipeline, step_ms, threshold=block["threshold"] if block else THRESHOLD)
     if block is None:
         return None if not pipeline else {"threshold": THRESHOLD, "items": found,
-                                          "scope": "the pipeline's bubble only: the other kinds need --trace"}
+                                          "scope": "the pipeline's bubble only: the other kinds read a trace"}
     if block.get("items") is None:
         return block
     return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}

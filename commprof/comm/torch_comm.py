@@ -18,9 +18,7 @@ from torch.distributed import distributed_c10d as dist
 
 from commprof.comm.base import Comm
 from commprof.comm.store import open_store
-from commprof.comm.waiter import Waiter
 from commprof.errors import UnsupportedError
-from commprof.measurement import P2P
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -49,8 +47,6 @@ class TorchComm(Comm):
         self.members = list(ranks)
         self._futureless: set[str] = set()
         """Ops whose works have no future on this backend (future_of)."""
-        self._waiter: Waiter | None = None
-        """The thread that sees futureless collectives complete, once one was issued async."""
 
     @classmethod
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
@@ -126,13 +122,8 @@ class TorchComm(Comm):
         if isinstance(work, list) or self.device.type == "cuda":
             return  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
         future = self.future_of(work, name)
-        if future is not None:
+        if future is not None:  # else completion is seen at wait()
             future.add_done_callback(lambda _: done(time.perf_counter_ns()))
-        elif name not in P2P:  # a collective without a future: a thread waits for it (comm/waiter.py)
-            if self._waiter is None:
-                self._waiter = Waiter()
-            self._waiter.watch(work, done)
-        # else a p2p op: completion is seen at wait()
 
     def future_of(self, work, name: str):
         """`work`'s future, or None where the backend gives op `name` none (gloo's send and recv). Known

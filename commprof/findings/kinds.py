@@ -15,8 +15,10 @@
   latency_bound collectives smaller than n½, the size where the link gives half its bandwidth, by an α–β
                 fit of the job's own collectives (their transfer times against their bytes on the bus; every
                 one when their times do not grow with their sizes, β = 0):
-                how many a step, what they take, and what fusing each group's into one op would save,
-                (k − 1)·α for k ops. Without them: each costs α less (k − 1)/k in the replay.
+                how many a step, what they take, and what fusing each group's into one op would save: their
+                transfer less the fit's α + β·n of one op of all their bytes (one α, not k, and none of
+                the per-op excess a small op's time shows over the fit). Without them: each group's ops of
+                an iteration replayed as that one op where its last was: their sync points go with them.
   link          given the link (--link-rate: one rate, a rate per level, or a bench JSON's fit): the ops whose
                 transfer reaches less than LINK_SHARE of the rate of the level they cross (inside a host or
                 between hosts) on the bus, among those whose bytes take at least LINK_MIN_US on it (below,
@@ -142,24 +144,25 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
     small = [x for x in ops if half is None or bus[x.op.key] < half]
     if len(small) < 2 * a.iterations:  # fewer than two a step: nothing to fuse
         return []
-    per_group: dict[tuple, int] = {}
+    group = {x.op.key: (x.op.name, x.op.label, x.parties) for x in small}
+    bus_bytes: dict[tuple, float] = {}
     for x in small:
-        per_group[(x.op.label, x.parties)] = per_group.get((x.op.label, x.parties), 0) + 1
-    alpha_ms = line.alpha_s * 1e3
-    saving = sum(k / a.iterations - 1 for k in per_group.values()) * alpha_ms
-    keys = {x.op.key: per_group[(x.op.label, x.parties)] for x in small}
-    base = whatif.measured_costs(a)
+        bus_bytes[group[x.op.key]] = bus_bytes.get(group[x.op.key], 0.0) + bus[x.op.key]
 
-    def fused(op):
-        k = keys.get(op.key)
-        return base(op) if k is None else max(0.0, base(op) - alpha_ms * (k - a.iterations) / k)
+    def model(op) -> float:  # the fit's time for the op's bytes on the bus, ms
+        factor = COLLECTIVES[op.name].bus_factor(len(op.members))
+        return (line.alpha_s + line.beta_s_per_byte * op.nbytes * factor) * 1e3
 
-    without = whatif.step_without(m, a, cost=fused)
+    # one op a step per group, of the group's bytes a step
+    fused_ms = sum(line.alpha_s + line.beta_s_per_byte * b / a.iterations for b in bus_bytes.values()) * 1e3
+    in_them = sum(x.transfer_ms for x in small) / a.iterations
+    edit, cost = whatif.fused(group, model, whatif.measured_costs(a))
+    without = whatif.step_without(m, a, edit=edit, cost=cost)
     return [_finding("latency_bound", a, max(0.0, a.step_ms - without), without,
                      evidence={"ops_per_step": len(small) / a.iterations, "n_half_bytes": half,
                                "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": line.as_record()["bandwidth_GBps"],
-                               "ms_per_step_in_them": sum(x.transfer_ms for x in small) / a.iterations,
-                               "fusing_saves_ms": saving})]
+                               "ms_per_step_in_them": in_them, "fused_ms": fused_ms,
+                               "fusing_saves_ms": max(0.0, in_them - fused_ms)})]
 
 
 def _bus_bytes(x) -> float:

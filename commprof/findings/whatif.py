@@ -32,18 +32,40 @@ def step_without(m: Measured, analysis: Analysis, *, edit: Edit | None = None,
                  cost: Callable[[Op], float] | None = None) -> float:
     """The measured step less what `edit` (of each iteration's programs) and `cost` (of each op) save."""
     base_cost = measured_costs(analysis)
+    cost = cost or base_cost
     out = []
     for programs in m.iterations:
-        base = replay(_started(programs), base_cost)[0]
-        edited = replay(_started(edit(programs) if edit else programs), cost or base_cost)[0]
+        lags = _lags(programs)
+        base = replay(_as_measured(programs, lags, base_cost), base_cost)[0]
+        edited = replay(_as_measured(edit(programs) if edit else programs, lags, cost), cost)[0]
         out.append(max(p.wall_ms for p in programs) - (base - edited))
     return max(0.0, median(out))
 
 
-def _started(programs: tuple[Program, ...]) -> tuple[Program, ...]:
-    """Each rank's program from the first rank's start: a rank that began later waits that long first."""
+def _lags(programs: tuple[Program, ...]) -> dict[tuple, float]:
+    """{(op key, rank): ms its completion came after its earliest party's}: an op ends on every party at
+    once in the replay, so each rank's own lag is kept as its time after the op."""
+    ends: dict[tuple, dict[int, float]] = {}
+    for p in programs:
+        for _, end, op in p.spans:
+            ends.setdefault(op.key, {})[p.rank] = end
+    return {(key, r): (end - min(by_rank.values())) / 1e3 for key, by_rank in ends.items()
+            for r, end in by_rank.items()}
+
+
+def _as_measured(programs: tuple[Program, ...], lags: dict, cost: Callable[[Op], float]) -> tuple[Program, ...]:
+    """Each rank's program from the first rank's start (a rank that began later waits that long first), each
+    wait on an op that still costs something followed by the rank's lag on it."""
     first = min(p.start_us for p in programs)
-    return tuple(replace(p, steps=(("busy", (p.start_us - first) / 1e3), *p.steps)) for p in programs)
+
+    def after(s):
+        if s[0] != "wait" or cost(s[1]) <= 0:
+            return s
+        return ("wait", s[1], s[2] + lags.get((s[1].key, p.rank), 0.0))
+    out = []
+    for p in programs:
+        out.append(replace(p, steps=(("busy", (p.start_us - first) / 1e3), *map(after, p.steps))))
+    return tuple(out)
 
 
 def busy_as_median(rank: int) -> Edit:
@@ -71,3 +93,39 @@ def op_free(signature: tuple, analysis: Analysis) -> Callable[[Op], float]:
     """Costs with every op of `signature` (name, group label, bytes) free."""
     base = measured_costs(analysis)
     return lambda op: 0.0 if (op.name, op.label, op.nbytes) == signature else base(op)
+
+
+def fused(groups: dict[tuple, tuple], model: Callable[[Op], float],
+          base: Callable[[Op], float]) -> tuple[Edit, Callable[[Op], float]]:
+    """The ops of `groups` ({op key: its fusion group}) fused, each group's in an iteration into one op of
+    their summed bytes: issued where the group's last was issued, waited on where that one was waited on,
+    costing what `model` (the α–β fit) gives its size, or their measured costs (`base`) if less. Every other
+    op and all busy time stay, so the sync points the small ops made go with them. (edit, cost) for
+    step_without."""
+    cost: dict[tuple, float] = {}
+
+    def edit(programs: tuple[Program, ...]) -> tuple[Program, ...]:
+        return tuple(replace(p, steps=_fuse(p.steps, groups, model, base, cost)) for p in programs)
+
+    return edit, lambda op: cost[op.key] if op.key in cost else base(op)
+
+
+def _fuse(steps: tuple, groups: dict, model, base, cost: dict) -> tuple:
+    members: dict[tuple, list[Op]] = {}
+    for s in steps:
+        if s[0] == "issue" and s[1].key in groups:
+            members.setdefault(groups[s[1].key], []).append(s[1])
+    one = {}  # the group's last op's key -> the fused op standing for the group
+    for group, ops in members.items():
+        last = ops[-1]
+        op = replace(last, key=("fused", *group, last.key), nbytes=sum(o.nbytes for o in ops),
+                     measured_ms=sum(o.measured_ms for o in ops))
+        one[last.key] = op
+        cost[op.key] = min(model(op), sum(base(o) for o in ops))
+    out = []
+    for s in steps:
+        if s[0] == "busy" or s[1].key not in groups:
+            out.append(s)
+        elif s[1].key in one:
+            out.append((s[0], one[s[1].key], *s[2:]))
+    return tuple(out)

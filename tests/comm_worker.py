@@ -5,6 +5,7 @@ mismatch. Started by tests/test_comm.py as N real processes (gloo) or under mpie
 """
 
 import sys
+import time
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -73,6 +74,23 @@ def gloo_layer(comm) -> None:
     cm.wait()
     check("coalesced all_reduce", a, tri)
     check("coalesced all_reduce (2)", b, tri + n)
+
+
+def completes_before_its_wait(comm, n: int) -> None:
+    """An async collective's span ends when it completes, not when its caller waits, 300 ms later — also
+    reduce_scatter, whose gloo work has no future (comm/waiter.py); MPI's complete at wait()."""
+    late = {}
+    for name, issue in (
+            ("all_reduce", lambda: comm.all_reduce(torch.ones(4), async_op=True)),
+            ("all_gather", lambda: comm.all_gather(torch.empty(2 * n), torch.ones(2), async_op=True)),
+            ("reduce_scatter", lambda: comm.reduce_scatter(torch.empty(2), torch.ones(2 * n), async_op=True))):
+        handle = issue()
+        time.sleep(0.3)
+        handle.wait()
+        late[name] = comm.recorder.durations_ns()[-1] / 1e6
+    if max(late.values()) >= 150:
+        print(f"spans end at the wait: {late} ms", file=sys.stderr)
+        sys.exit(1)
 
 
 def main(backend: str) -> None:
@@ -144,6 +162,8 @@ def main(backend: str) -> None:
     assert all(d >= 0 for d in comm.recorder.durations_ns()), "negative duration"
     waits = len(comm.recorder.waits)
     assert waits >= 8, f"only {waits} waits logged"
+    if backend == "gloo" and n > 1:
+        completes_before_its_wait(comm, n)
     comm.gather_object(r)
     comm.close()
     print(f"rank {r}/{n} {backend} ok")

@@ -253,6 +253,6 @@ class Comm:
         """Block until backend `work` (a torch Work or MPI Request) has completed."""
         raise NotImplementedError
 
-    def _watch_completion(self, work, done, name: str) -> None:
+    def _watch_completion(self, work, done, name: str):
         """Arrange for `done(perf_counter_ns())` to run when `work`, op `name`'s, completes, if the backend
-        can tell."""
+        can tell; returns what the op's waits wait on instead of `work` (comm/waiter.py), or None."""

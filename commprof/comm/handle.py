@@ -30,7 +30,7 @@ class Handle:
         """Completion, once logged."""
         self._waiting = False
         self._waited = False
-        comm._watch_completion(work, self._completed, name)
+        self._work = comm._watch_completion(work, self._completed, name) or work
 
     def _completed(self, end) -> None:
         """The backend's future fired (its own thread)."""

@@ -18,7 +18,9 @@ from torch.distributed import distributed_c10d as dist
 
 from commprof.comm.base import Comm
 from commprof.comm.store import open_store
+from commprof.comm.waiter import Waiter
 from commprof.errors import UnsupportedError
+from commprof.measurement import P2P
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -47,6 +49,8 @@ class TorchComm(Comm):
         self.members = list(ranks)
         self._futureless: set[str] = set()
         """Ops whose works have no future on this backend (future_of)."""
+        self._waiter: Waiter | None = None
+        """The thread that waits on futureless collectives (comm/waiter.py), once one was issued async."""
 
     @classmethod
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
@@ -118,12 +122,18 @@ class TorchComm(Comm):
         for w in work if isinstance(work, list) else (work,):
             w.wait()
 
-    def _watch_completion(self, work, done, name: str) -> None:
+    def _watch_completion(self, work, done, name: str):
         if isinstance(work, list) or self.device.type == "cuda":
-            return  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
+            return None  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
         future = self.future_of(work, name)
-        if future is not None:  # else completion is seen at wait()
+        if future is not None:
             future.add_done_callback(lambda _: done(time.perf_counter_ns()))
+            return None
+        if name in P2P:  # completion is seen at wait()
+            return None
+        if self._waiter is None:  # a collective without a future: a thread waits for it (comm/waiter.py)
+            self._waiter = Waiter()
+        return self._waiter.watch(work, done)
 
     def future_of(self, work, name: str):
         """`work`'s future, or None where the backend gives op `name` none (gloo's send and recv). Known
@@ -168,5 +178,7 @@ class TorchComm(Comm):
 
     def close(self) -> None:
         self.control = None
+        if self._waiter is not None:
+            self._waiter.close()
         if self._group is None and dist.is_initialized():
             dist.destroy_process_group()

@@ -144,7 +144,16 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
     small = [x for x in ops if half is None or bus[x.op.key] < half]
     if len(small) < 2 * a.iterations:  # fewer than two a step: nothing to fuse
         return []
-    group = {x.op.key: (x.op.name, x.op.label, x.parties) for x in small}
+    alpha_ms = line.alpha_s * 1e3
+    # each run of ops issued back to back (a rank's own time between them under one op's latency) is one op
+    runs = whatif.back_to_back(m, {x.op.key: (x.op.name, x.op.label, x.parties) for x in small}, alpha_ms)
+    sizes: dict[tuple, int] = {}
+    for run in runs.values():
+        sizes[run] = sizes.get(run, 0) + 1
+    group = {key: run for key, run in runs.items() if sizes[run] > 1}
+    small = [x for x in small if x.op.key in group]
+    if len(group) - len({*group.values()}) < a.iterations:  # under one op a step to save
+        return []
     bus_bytes: dict[tuple, float] = {}
     for x in small:
         bus_bytes[group[x.op.key]] = bus_bytes.get(group[x.op.key], 0.0) + bus[x.op.key]
@@ -153,8 +162,7 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
         factor = COLLECTIVES[op.name].bus_factor(len(op.members))
         return (line.alpha_s + line.beta_s_per_byte * op.nbytes * factor) * 1e3
 
-    # one op a step per group, of the group's bytes a step
-    fused_ms = sum(line.alpha_s + line.beta_s_per_byte * b / a.iterations for b in bus_bytes.values()) * 1e3
+    fused_ms = sum(line.alpha_s + line.beta_s_per_byte * b for b in bus_bytes.values()) * 1e3 / a.iterations
     in_them = sum(x.transfer_ms for x in small) / a.iterations
     edit, cost = whatif.fused(group, model, whatif.measured_costs(a))
     without = whatif.step_without(m, a, edit=edit, cost=cost)

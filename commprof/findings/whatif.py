@@ -43,14 +43,21 @@ def step_without(m: Measured, analysis: Analysis, *, edit: Edit | None = None,
 
 
 def _lags(programs: tuple[Program, ...]) -> dict[tuple, float]:
-    """{(op key, rank): ms its completion came after its earliest party's}: an op ends on every party at
-    once in the replay, so each rank's own lag is kept as its time after the op."""
+    """{(op key, rank): ms}: how much longer the rank stayed blocked on the op than the replay keeps it, which
+    ends an op on every party at once, at the earliest completion: the rank's own completion less the later
+    of that and the start of its block (its thread resumes after its own completion, as measured)."""
     ends: dict[tuple, dict[int, float]] = {}
     for p in programs:
         for _, end, op in p.spans:
             ends.setdefault(op.key, {})[p.rank] = end
-    return {(key, r): (end - min(by_rank.values())) / 1e3 for key, by_rank in ends.items()
-            for r, end in by_rank.items()}
+    out = {}
+    for p in programs:
+        for op, blocked, _ in p.blocks:
+            by_rank = ends.get(op.key, {})
+            if p.rank in by_rank:
+                lag = (by_rank[p.rank] - max(blocked, min(by_rank.values()))) / 1e3
+                out[(op.key, p.rank)] = max(out.get((op.key, p.rank), 0.0), lag)
+    return out
 
 
 def _as_measured(programs: tuple[Program, ...], lags: dict, cost: Callable[[Op], float]) -> tuple[Program, ...]:
@@ -93,6 +100,32 @@ def op_free(signature: tuple, analysis: Analysis) -> Callable[[Op], float]:
     """Costs with every op of `signature` (name, group label, bytes) free."""
     base = measured_costs(analysis)
     return lambda op: 0.0 if (op.name, op.label, op.nbytes) == signature else base(op)
+
+
+def back_to_back(m: Measured, groups: dict[tuple, tuple], max_gap_ms: float) -> dict[tuple, tuple]:
+    """`groups` ({op key: group}) cut into runs an iteration could fuse: ops of a group issued with at most
+    `max_gap_ms` of any rank's own (busy) time since the group's previous op. Ops apart by compute (FSDP's
+    gathers, a layer apart) stay apart: a fused op would be issued at the last and waited on at the first.
+    {op key: group + (run,)}, the same on every rank."""
+    gap: dict[tuple, float] = {}
+    for programs in m.iterations:
+        for p in programs:
+            since: dict[tuple, float] = {}
+            for s in p.steps:
+                if s[0] == "busy":
+                    since = {g: t + s[1] for g, t in since.items()}
+                elif s[0] == "issue" and s[1].key in groups:
+                    g = groups[s[1].key]
+                    gap[s[1].key] = max(gap.get(s[1].key, 0.0), since.get(g, float("inf")))
+                    since[g] = 0.0
+    runs: dict[tuple, tuple] = {}
+    count: dict[tuple, int] = {}
+    for key in sorted(gap, key=lambda k: k[-1]):  # a group's ops in issue order (its keys count them)
+        g = groups[key]
+        if gap[key] > max_gap_ms or g not in count:
+            count[g] = count.get(g, -1) + 1
+        runs[key] = (*g, count[g])
+    return runs
 
 
 def fused(groups: dict[tuple, tuple], model: Callable[[Op], float],

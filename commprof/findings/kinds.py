@@ -15,10 +15,11 @@
   latency_bound collectives smaller than n½, the size where the link gives half its bandwidth, by an α–β
                 fit of the job's own collectives (their transfer times against their bytes on the bus; every
                 one when their times do not grow with their sizes, β = 0):
-                how many a step, what they take, and what fusing each group's into one op would save: their
-                transfer less the fit's α + β·n of one op of all their bytes (one α, not k, and none of
-                the per-op excess a small op's time shows over the fit). Without them: each group's ops of
-                an iteration replayed as that one op where its last was: their sync points go with them.
+                how many a step, what they take, and what fusing them would save: their transfer less the
+                fit's α + β·n of one op of all their bytes (one α, not k, and none of the per-op excess a
+                small op's time shows over the fit). Fused are the runs of a group's ops issued back to
+                back (any rank's own time between two under α); ops apart by compute stay apart. Without
+                them: each run replayed as that one op where its last was: their sync points go too.
   link          given the link (--link-rate: one rate, a rate per level, or a bench JSON's fit): the ops whose
                 transfer reaches less than LINK_SHARE of the rate of the level they cross (inside a host or
                 between hosts) on the bus, among those whose bytes take at least LINK_MIN_US on it (below,

@@ -155,9 +155,9 @@ class Plan:
     base: list[str]
     """The arguments every job gets: argv without the grid's flags and the outputs."""
     outputs: dict[str, str]
-    """--json, --csv, --plot, --trace and --link-rate as given: the grid's own."""
+    """--json, --csv, --plot, --trace and bench's --link-rate as given: the grid's own."""
     link_GBps: float | None
-    """--link-rate in GB/s, drawn on bench's --plot figures."""
+    """bench's --link-rate in GB/s, drawn on its --plot figures (run's goes to every job)."""
     runnable: list[dict]
     """The combinations that can run."""
     skipped: list[dict]
@@ -179,6 +179,8 @@ def plan(command: str, argv: list[str]) -> Plan:
     check_outputs({f: outputs.get(f) for f in ("--json", "--csv")},
                   {f: outputs.get(f) for f in ("--plot", "--trace")})
     link = _link_rate(command, outputs)
+    if command == "run" and outputs.get("--link-rate") is not None:  # each job's findings judge ops by it
+        base = [*base, "--link-rate", outputs.pop("--link-rate")]
     runnable, skipped = check(command, base, grid)
     return Plan(grid, base, outputs, link, runnable, skipped)
 
@@ -235,8 +237,14 @@ def csv_columns(doc: dict) -> tuple[str, ...]:
 
 
 def _link_rate(command: str, outputs: dict) -> float | None:
-    """--link-rate in GB/s, checked before anything runs; it needs --plot and bench's figures."""
+    """--link-rate, checked before anything runs: bench's in GB/s, drawn on its --plot figures (so it needs
+    --plot); run's as its jobs read it (predict/fabric.py), None: every job takes it, for its findings."""
     if outputs.get("--link-rate") is None:
+        return None
+    if command == "run":
+        from commprof.predict.fabric import link_flag
+
+        link_flag(outputs["--link-rate"])
         return None
     from commprof.report.units import parse_rate
 

@@ -295,11 +295,37 @@ def test_link_names_the_ops_below_half_of_a_link_they_do_not_get(hosts, tmp_path
     assert again["evidence"]["ops"][0]["fraction_of_link"] == pytest.approx(ops[0]["fraction_of_link"], rel=0.01)
 
 
+def test_link_names_the_ops_a_slowed_host_holds_below_half_of_the_link(hosts, tmp_path):
+    # The same job held to the link's true rate (nothing at that rate: the test above), with host 1's link
+    # slowed to an eighth of it: the findings name the all_reduce at about an eighth of the link.
+    out = tmp_path / "r.json"
+    argv = [*torchrun(1, 29416), "-m", "commprof", "run", "--strategy", "ddp", "--model", "squeezenet1_0",
+            "--steps", "4", "--warmup", "1", "--batch-size", "4", "--bucket-mb", "100", "--eval-samples", "0",
+            "--json", str(out), "--link-rate", f"{RATE_GBPS * 8:g}Gbit/s"]
+    fabric("rate", HOSTS[1], f"{tc_bits(RATE) // 8}bit")
+    try:
+        proc = on_hosts([(h, argv, {}) for h in HOSTS])
+    finally:
+        fabric("rate", HOSTS[1], RATE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = [f for f in json.loads(out.read_text())["findings"]["items"] if f["kind"] == "link"]
+    assert len(found) == 1 and found[0]["op"] == "all_reduce", found
+    fraction = found[0]["evidence"]["ops"][0]["fraction_of_link"]
+    print(f"slowed host: all_reduce at {fraction:.3f} of the link, {found[0]['ms_per_step']:.1f} ms/step")
+    assert 0.06 <= fraction <= 0.14, found  # an eighth, less TCP/IP's headers
+
+
+def tc_bits(rate: str) -> int:
+    return int(float(rate.removesuffix("mbit")) * 1e6)
+
+
 @pytest.mark.parametrize("args, words", [
     (("up", "0"), "up 0: give 1 to 200 hosts"),
     (("up", "2", "--rate", "fast"), "--rate 'fast': give tc units"),
     (("exec", f"{NAME}-h9", "--", "true"), f"no host '{NAME}-h9'"),
     (("exec", HOSTS[0]), "give a command"),
+    (("rate", f"{NAME}-h9", "25mbit"), f"no host '{NAME}-h9'"),
+    (("rate", HOSTS[0], "slow"), "--rate 'slow': give tc units"),
 ])
 def test_bad_input_is_one_line_exit_2(hosts, args, words):
     proc = fabric(*args, check=False)

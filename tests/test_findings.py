@@ -195,10 +195,11 @@ def test_many_small_all_reduces_are_latency_bound_and_one_fused_is_not(jobs):
     assert len(found) == 1, jobs["per-param"][0]["findings"]
     e = found[0]["evidence"]
     assert 25 <= e["ops_per_step"] <= 32  # 32 parameters; DDP-free, so every step's ops are matched
-    # fusing saves their transfer less one op of all their bytes by the fit: α + β·n, n = 2·(32·32 + 32)·4·16
-    bus_bytes = 2 * 4 * 16 * (32 * 32 + 32) / 2  # all_reduce's bus factor 2(n−1)/n at 2 ranks: 1
-    one = e["alpha_us"] / 1e3 + bus_bytes / (e["bandwidth_GBps"] * 1e6)
-    assert e["fused_ms"] == pytest.approx(one, rel=0.2)  # the smallest parameters may sit above n½
+    # fusing saves their transfer less one op of their bytes by the fit: α + β·n, n at most every gradient's
+    # 4·16·(32·32 + 32) bytes on the bus (all_reduce's bus factor 2(n−1)/n at 2 ranks: 1); β = 0 (no
+    # bandwidth) where the fit found the times not growing with the sizes
+    alpha_ms, most = e["alpha_us"] / 1e3, 4 * 16 * (32 * 32 + 32)
+    assert alpha_ms <= e["fused_ms"] <= alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
     assert e["fusing_saves_ms"] == pytest.approx(e["ms_per_step_in_them"] - e["fused_ms"], rel=1e-6)
     # the step it predicts against the same script fusing them, measured in this run (the 25 %)
     per = timeline.load(str(jobs["per-param"][2])).measured_wall_ms

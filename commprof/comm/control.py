@@ -8,6 +8,7 @@ others where over MPI, once, at start. Keys (all under `commprof/`):
   state/<rank>   each rank's flight-recorder snapshot, posted once a failure is claimed
   verdict        the winner's conclusion — exit code and one line — that every rank exits with
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
+  go             every rank acked: all exit now, together (the others wait on it, woken by the store)
   done/<rank>    a rank ended well and stopped watching (rank 0 waits for these before the store goes)
 
 Every store call is bounded: a TCPStore call to a host that is stopped (SIGSTOP) or frozen blocks far past
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
@@ -100,6 +102,17 @@ class ControlPlane:
         """This rank has the verdict and has saved what it measured: the claimant (maybe the store's host, and
         a launcher ends every rank once one exits) may go."""
         self._store.set(f"{PREFIX}ack/{self.rank}", "1")
+
+    def go(self) -> None:
+        """Every answering rank acked: they exit on this, with the claimant."""
+        self._store.set(PREFIX + "go", "1")
+
+    def wait_go(self, *, within_s: float) -> None:
+        """Until the claimant says go, or its store is gone with it (raises then), or `within_s`. A launcher
+        that ends every rank once one exits with a failure (MPICH's Hydra) would kill a rank still running,
+        and a bare mpiexec then returns that SIGKILL's 9, not the verdict: the ranks exit together, the
+        store waking the waiters at once (TCPStore.wait, not a poll)."""
+        self._store.wait([PREFIX + "go"], timedelta(seconds=within_s))
 
     def wait_acks(self, ranks: list[int], *, within_s: float) -> None:
         """Until `ranks` have read the verdict: the store dies with rank 0, mid-request for a slow reader."""

@@ -35,6 +35,9 @@ ANSWER_S = 2.0
 """How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
 ACK_S = 5.0
 """How long the claimant waits, at most, for the ranks that answered to save their results and read the verdict."""
+GO_S = 1.5
+"""How long an answering rank waits, at most, for the claimant's go once it acked (under the control plane's
+2 s bound on a store call)."""
 
 
 class Watchdog:
@@ -144,6 +147,7 @@ class Watchdog:
                 # rank 0 serves the store, and a launcher ends every rank once one exits: let them read
                 # the verdict and save what they measured first
                 control.wait_acks(answered, within_s=ACK_S)
+                control.go()
             except Exception:
                 pass
         self._exit(code)
@@ -165,7 +169,8 @@ class Watchdog:
         self._leave(code, message, speak=False)
         try:
             control.ack()
-        except Exception:
+            control.wait_go(within_s=GO_S)
+        except Exception:  # no go within GO_S, or the claimant's store went with it: exit now
             pass
         self._exit(code)
 

@@ -233,3 +233,24 @@ def test_under_a_bare_mpiexec_the_exit_code_is_the_failures(spec, code, words):
                  nproc=2, backend="mpi", env=fault_env(spec), timeout=120)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert words in one_line(proc)
+
+
+def test_a_failure_on_the_watchdogs_thread_ends_the_rank_even_when_saving_raises():
+    # The timer thread fails a rank while its main thread sits in an op: if anything on the way out raised
+    # past fail(), that thread would die and the rank live on, holding its peers. Here the salvage hook
+    # raises what it does not catch (a Ctrl-C in the middle of the save), and the main thread waits on.
+    script = ("import threading, time; from commprof.comm import init_comm; from commprof.world import discover; "
+              "from commprof.comm.watchdog import Watchdog; from commprof.errors import PeerTimeoutError\n"
+              "comm = init_comm(discover(), backend='gloo', timeout_s=10)\n"
+              "watchdog = Watchdog(comm, timeout_s=10, rank=0)\n"
+              "def save(code, message): raise KeyboardInterrupt\n"
+              "watchdog.on_failure(save)\n"
+              "threading.Thread(target=watchdog.fail, args=(PeerTimeoutError('rank 0: all_reduce stalled'),)).start()\n"
+              "time.sleep(60)\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert time.monotonic() - start < 50, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == ["commprof: rank 0: could not save the results: KeyboardInterrupt",
+                                                "commprof: error: rank 0: all_reduce stalled"], proc.stderr

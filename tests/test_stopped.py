@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from spawn import env_for_tests, kill_session, processes
@@ -27,6 +28,21 @@ def _stopped(tag: str) -> bool:
     return any(job.process_state(pid) == "T" for pid in processes("COMMPROF_TEST_TAG", tag))
 
 
+def _describe(tag: str) -> str:
+    """What each process of the job is doing: its state, and where in the kernel each of its threads waits."""
+    lines = []
+    for pid, env in sorted(processes("COMMPROF_TEST_TAG", tag).items()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            waits = sorted(Path(f"/proc/{pid}/task/{t.name}/wchan").read_text() or "-"
+                           for t in Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        lines.append(f"pid {pid} rank {env.get('PMI_RANK', env.get('RANK', '?'))} {job.process_state(pid)} {cmd}: "
+                     f"{', '.join(waits)}")
+    return "\n".join(lines)
+
+
 def run_until_stopped(command: list[str], fault: str) -> tuple[int, str, float]:
     """Run `command` with `fault`; (exit code, stderr, seconds from the first sight of a stopped rank to the
     end). Output goes to files: a pipe nobody reads must not be what holds a rank."""
@@ -42,7 +58,9 @@ def run_until_stopped(command: list[str], fault: str) -> tuple[int, str, float]:
                     stopped_at = time.monotonic()
                 time.sleep(0.02)
             ended = time.monotonic()
-            assert proc.poll() is not None, "the job did not end"
+            if proc.poll() is None:
+                err.seek(0)
+                pytest.fail(f"the job did not end\n{_describe(tag)}\n{err.read()[-3000:]}")
         finally:
             kill_session(proc)
         err.seek(0)

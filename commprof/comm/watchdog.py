@@ -120,6 +120,10 @@ class Watchdog:
         one line when it speaks for the job and the verdict stays `err`'s (a script's own traceback)."""
         self._failing.acquire()  # a second failure (the other thread) waits here for the exit
         self._stop.set()
+        self._end_with(err.exit_code, self._conclude, err, say)
+
+    def _conclude(self, err: CommprofError, say: str | None) -> int:
+        """fail's work up to the exit: claim, agree on the verdict, save and say it; the exit code."""
         code, message = err.exit_code, str(err)
         control, answered = self._comm.control, []
         if control is not None:
@@ -150,13 +154,29 @@ class Watchdog:
                 control.go()
             except Exception:
                 pass
-        self._exit(code)
+        return code
 
     def _answer(self, claim: dict, locked: bool = False) -> None:
         """A peer claimed the failure: post this rank's record, take the verdict, exit with it."""
         if not locked:
             self._failing.acquire()
         self._stop.set()
+        self._end_with(claim["code"], self._take_verdict, claim)
+
+    def _end_with(self, code: int, work, *args) -> None:
+        """Exit with what `work(*args)` returns — or with `code` if it raised: whatever went wrong on the way
+        out, the rank ends (one left running would hold its peers), and says what went wrong."""
+        try:
+            code = work(*args)
+        except BaseException as exc:
+            try:
+                sys.stderr.write(f"commprof: rank {self._rank}: while ending: {exc!r}\n")
+            except Exception:
+                pass
+        self._exit(code)
+
+    def _take_verdict(self, claim: dict) -> int:
+        """_answer's work up to the exit: the verdict read, this rank's results saved, the claimant acked."""
         control = self._comm.control
         code, message = claim["code"], claim["message"]
         try:
@@ -172,7 +192,7 @@ class Watchdog:
             control.wait_go(within_s=GO_S)
         except Exception:  # no go within GO_S, or the claimant's store went with it: exit now
             pass
-        self._exit(code)
+        return code
 
     def _snapshot(self, reason: str) -> dict:
         return flight.snapshot(self._comm.recorder, rank=self._rank, reason=reason)
@@ -181,9 +201,10 @@ class Watchdog:
         for fn in self._salvage:
             try:
                 fn(code, message)
-            except Exception as exc:  # salvage is best effort: never let it hide the failure
-                if str(exc) not in message:  # the failure itself (a file that cannot be written) is said once
-                    sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: {exc}\n")
+            except BaseException as exc:  # best effort, a Ctrl-C in the middle too: never let it hide the failure
+                if str(exc) not in message or not str(exc):  # the failure itself (a file that cannot be written)
+                    sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: "  # is said once
+                                     f"{str(exc) or type(exc).__name__}\n")
 
     def _leave(self, code: int, message: str, *, speak: bool, say: str | None = None) -> None:
         """Flight record dumped, results saved; the claimant records the job's failure and says it (an
@@ -201,8 +222,11 @@ class Watchdog:
             sys.stderr.flush()
 
     def _exit(self, code: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed pipe, a launcher gone: the exit still comes
+                pass
         os._exit(code)
 
 

@@ -1,8 +1,9 @@
 """Findings against causes injected into real jobs (commprof/findings/): `commprof profile --trace` of
 
 - tests/scripts/straggler_train.py, rank 1 sleeping D ms before every backward, D = 5, 20, 50, beside the
-  same job with D = 0: the straggler found, its cost per step over D, and its step without the delay over
-  the step measured without it;
+  same job with D = 0 run before each delayed job and after the last: the straggler found, its cost per step
+  over D, and its step without the delay over the balanced runs' median step (and over the mean of the two
+  run beside it in time), with the balanced runs' own spread — one balanced run alone varies ~10 % here;
 - tests/scripts/per_param_train.py, every gradient all-reduced on its own, beside the same script fusing
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
   per-parameter step less the fused one);
@@ -12,9 +13,10 @@
 Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores).
 
     python benchmarks/findings.py [--quick] [--delays 5,20,50] [--backends gloo,mpi] [--nproc 2]
-                                  [--steps 16] [--clock-ms 500] [--json PATH]
+                                  [--steps 48] [--clock-ms 500] [--json PATH]
 
---quick: D = 20 on gloo, 8 steps; seconds, to see that it runs. Targets: cost and step within 15 %,
+48 steps a job: one step of the balanced job takes 7–20 ms here, and a median of fewer moves by ~10 % from
+run to run. --quick: D = 20 on gloo, 8 steps; seconds, to see that it runs. Targets: cost and step within 15 %,
 saving within 25 %, clock offset within 0.2 ms. Results: benchmarks/README.md.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -59,7 +62,7 @@ def main() -> None:
     p.add_argument("--delays", default="5,20,50", help="ms rank 1 sleeps before each backward")
     p.add_argument("--backends", default="gloo,mpi")
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=48)
     p.add_argument("--clock-ms", type=float, default=500.0, help="how far ahead the last rank's clock is set")
     args = parse(p, QUICK)
     steps = ["--steps", str(args.steps)]
@@ -68,21 +71,24 @@ def main() -> None:
         tmp = Path(tmp)
         for backend in args.backends.split(","):
             at = f"{backend}, {args.nproc} ranks"
-            base = profiled(tmp, f"{backend}-d0", backend, args.nproc, "straggler_train.py", *steps)
-            for delay in map(float, args.delays.split(",")):
-                doc = profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py", *steps,
-                               "--delay-ms", str(delay))
-                found = first(doc, "straggler")
-                row = {"case": "straggler", "backend": backend, "nproc": args.nproc, "delay_ms": delay,
-                       "found_rank": None if found is None else found["rank"],
-                       "cost_over_delay": None if found is None else found["ms_per_step"] / delay,
-                       "without_over_balanced": None if found is None
-                       else found["step_ms_without"] / base["trace_step_ms"],
-                       "step_ms": doc["trace_step_ms"], "balanced_step_ms": base["trace_step_ms"]}
-                rows.append(row)
+            # the balanced job before each delayed one and after the last: a delayed run's step without the
+            # delay is held against the balanced runs beside it in time, and against all of them
+            delays = list(map(float, args.delays.split(",")))
+            balanced = [profiled(tmp, f"{backend}-d0-0", backend, args.nproc, "straggler_train.py", *steps)]
+            delayed = []
+            for k, delay in enumerate(delays):
+                delayed.append(profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py",
+                                        *steps, "--delay-ms", str(delay)))
+                balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc, "straggler_train.py",
+                                         *steps))
+            steps_ms = [b["trace_step_ms"] for b in balanced]
+            for k, (delay, doc) in enumerate(zip(delays, delayed)):
+                rows.append(straggler_row(doc, delay, backend, args.nproc, steps_ms, steps_ms[k:k + 2]))
+                row = rows[-1]
                 print(f"straggler D={delay:g} ms ({at}): found rank {row['found_rank']}, cost/D "
-                      f"{_f(row['cost_over_delay'])}, step without/balanced {_f(row['without_over_balanced'])}",
-                      flush=True)
+                      f"{_f(row['cost_over_delay'])}, step without/balanced {_f(row['without_over_balanced'])} "
+                      f"(balanced runs {row['balanced_min_over_median']:.3f}-{row['balanced_max_over_median']:.3f} "
+                      f"of their median), /neighbours {_f(row['without_over_neighbours'])}", flush=True)
             per = profiled(tmp, f"{backend}-per-param", backend, args.nproc, "per_param_train.py", *steps)
             fused = profiled(tmp, f"{backend}-fused", backend, args.nproc, "per_param_train.py", *steps, "--fused")
             found = first(per, "latency_bound")
@@ -98,6 +104,22 @@ def main() -> None:
             rows.append(clock(tmp, backend, args.nproc, args.clock_ms, steps))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: list[float],
+                  neighbours: list[float]) -> dict:
+    """What the straggler finding of a job delayed by `delay` ms said, against the balanced runs' steps (all
+    of them, and the two beside it in time)."""
+    found = first(doc, "straggler")
+    without = None if found is None else found["step_ms_without"]
+    mid = statistics.median(balanced)
+    return {"case": "straggler", "backend": backend, "nproc": nproc, "delay_ms": delay,
+            "found_rank": None if found is None else found["rank"],
+            "cost_over_delay": None if found is None else found["ms_per_step"] / delay,
+            "without_over_balanced": None if without is None else without / mid,
+            "without_over_neighbours": None if without is None else without / statistics.fmean(neighbours),
+            "step_ms": doc["trace_step_ms"], "balanced_step_ms": mid, "balanced_steps_ms": balanced,
+            "balanced_min_over_median": min(balanced) / mid, "balanced_max_over_median": max(balanced) / mid}
 
 
 def clock(tmp: Path, backend: str, nproc: int, ahead_ms: float, steps: list[str]) -> dict:

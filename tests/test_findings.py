@@ -199,7 +199,8 @@ def test_many_small_all_reduces_are_latency_bound_and_one_fused_is_not(jobs):
     # 4·16·(32·32 + 32) bytes on the bus (all_reduce's bus factor 2(n−1)/n at 2 ranks: 1); β = 0 (no
     # bandwidth) where the fit found the times not growing with the sizes
     alpha_ms, most = e["alpha_us"] / 1e3, 4 * 16 * (32 * 32 + 32)
-    assert alpha_ms <= e["fused_ms"] <= alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
+    most_ms = alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
+    assert alpha_ms <= e["fused_ms"] <= most_ms * (1 + 1e-9)  # every gradient in one run: equal, but for rounding
     assert e["fusing_saves_ms"] == pytest.approx(e["ms_per_step_in_them"] - e["fused_ms"], rel=1e-6)
     # the step it predicts against the same script fusing them, measured in this run (the 25 %)
     per = timeline.load(str(jobs["per-param"][2])).measured_wall_ms

@@ -62,6 +62,26 @@ def test_the_scripts_own_marks_and_a_group_left_alive(tmp_path):
         assert spans.count((rank, "all_reduce")) == 2 * 5  # its NVTX range, and its span on "comm (world)"
 
 
+def test_the_trace_holds_the_iterations_the_json_does(tmp_path):
+    # the last optimizer step opens an iteration that no step ends (the script's teardown): not one, in the
+    # JSON, in the trace, or for what reads the trace (findings, predict)
+    from commprof.predict import timeline
+
+    doc, _ = profile(tmp_path, "--nproc", "2", "--trace", str(tmp_path / "tr"), script="straggler_train.py",
+                     script_args=("--steps", "5"))
+    assert doc["steps"]["found"] == 5 and doc["steps"]["measured"] == 4
+    events = json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
+    for rank in (0, 1):
+        mine = [e for e in events if e.get("ph") == "X" and e.get("cat") == "iteration" and e["pid"] == rank + 1]
+        iterations = sorted((e for e in mine if e["name"] != "measured"), key=lambda e: e["ts"])
+        assert [e["name"] for e in iterations] == [f"iteration {i}" for i in range(5)]
+        (measured,) = [e for e in mine if e["name"] == "measured"]
+        assert iterations[0]["ts"] + iterations[0]["dur"] <= measured["ts"] <= iterations[1]["ts"]
+        last_end = iterations[-1]["ts"] + iterations[-1]["dur"]
+        assert 0 <= measured["ts"] + measured["dur"] - last_end < 1000  # µs: stamped right after it
+    assert len(timeline.load(str(tmp_path / "out.json")).iterations) == 4
+
+
 def _state(path):
     return torch.load(path)
 

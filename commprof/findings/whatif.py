@@ -65,14 +65,12 @@ def _as_measured(programs: tuple[Program, ...], lags: dict, cost: Callable[[Op],
     wait on an op that still costs something followed by the rank's lag on it."""
     first = min(p.start_us for p in programs)
 
-    def after(s):
+    def after(s, rank: int):
         if s[0] != "wait" or cost(s[1]) <= 0:
             return s
-        return ("wait", s[1], s[2] + lags.get((s[1].key, p.rank), 0.0))
-    out = []
-    for p in programs:
-        out.append(replace(p, steps=(("busy", (p.start_us - first) / 1e3), *map(after, p.steps))))
-    return tuple(out)
+        return ("wait", s[1], s[2] + lags.get((s[1].key, rank), 0.0))
+    return tuple(replace(p, steps=(("busy", (p.start_us - first) / 1e3), *(after(s, p.rank) for s in p.steps)))
+                 for p in programs)
 
 
 def busy_as_median(rank: int) -> Edit:

@@ -181,6 +181,18 @@ class Annotator:
             trace.flush()
 
 
+    def pop_unfinished(self, end_ns: int | None = None) -> None:
+        """Pop a range that turned out other than its push said (the iteration a profiled script's last
+        optimizer step began, ended by no step): NVTX's goes as pushed; the trace ends it at `end_ns` (the
+        last real iteration's end, for the range around them), or leaves it out when None."""
+        trace = self._trace
+        if trace is not None:
+            trace.end_unfinished(end_ns)
+        self.domain.pop_range()
+        if self._kineto is not None:
+            self._kineto.pop()
+
+
 ANNOTATOR = Annotator()
 """The process's one annotator: NVTX and the trace are per process, like the domain itself."""
 

@@ -67,6 +67,10 @@ class Tracker:
         self._stack: list[tuple[str, int]] = []
         self._handles: list = []
         self._modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._measuring = False
+        """The range around the measured iterations is pushed."""
+        self._ended_ns: int | None = None
+        """When the last measured iteration ended (perf_counter_ns, the trace's clock)."""
 
     # ---- iterations ---------------------------------------------------------------------------
     def begin(self) -> None:
@@ -76,6 +80,7 @@ class Tracker:
         self.recorder.clear()
         if self.index == self.warmup:
             ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
+            self._measuring = True
         self.phases.begin(self.index)
         self._started = time.perf_counter_ns()
         self.open = True
@@ -87,6 +92,7 @@ class Tracker:
             self.close_phase()
         split = self.phases.end()
         if self.index >= self.warmup:
+            self._ended_ns = time.perf_counter_ns()
             self.iterations.append({
                 "step": self.index, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
                 "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
@@ -115,11 +121,15 @@ class Tracker:
         """The script has ended: an iteration no step ended is not one; its ops are outside."""
         while self._stack:
             self.close_phase()
+        # The last optimizer step began an iteration that no step ended (the script's teardown): in the
+        # trace it is none, and the measured range ends with the last iteration that is one. NVTX's ranges
+        # were pushed by then and go as they are.
         if self.open:
-            ANNOTATOR.pop()  # the iteration's range
+            ANNOTATOR.pop_unfinished()
             self.open = False
-        if self.index > self.warmup:
-            ANNOTATOR.pop()  # the measured range
+        if self._measuring:
+            ANNOTATOR.pop_unfinished(self._ended_ns)
+            self._measuring = False
         self.outside += self.recorder.ops[:]
         self.recorder.clear()
         for handle in self._handles:

@@ -107,6 +107,15 @@ class TraceRecorder:
                 self.gpu.pending.append((("range", label), event, self.gpu.mark()))
         return len(self._buf) >= FLUSH_EVERY or (len(self._stack) <= 1 and t_ns - self._flushed >= FLUSH_NS)
 
+    def end_unfinished(self, t_ns: int | None) -> None:
+        """Close the innermost range at `t_ns`, or drop it when None (Annotator.pop_unfinished)."""
+        if not self._stack:
+            return
+        if t_ns is None:
+            self._stack.pop()  # a GPU mark taken at its push is left unmatched: nothing reads it
+        else:
+            self.end(t_ns)
+
     def span(self, label, t0_ns: int, t1_ns: int) -> None:
         """A training-thread span known only once it is over (a wait found after the fact); no GPU twin."""
         self._buf.append(("X", label, t0_ns, t1_ns))

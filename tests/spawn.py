@@ -95,6 +95,14 @@ def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = No
                  for r in range(nproc)], timeout)
 
 
+def python_c(script: str, *, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -c SCRIPT` in the tests' environment: its process, and the seconds it took."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.monotonic() - start
+
+
 def commprof(*args: str, env: dict | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run the commprof CLI as a user would (its own launcher does the rest)."""
     return _run([([sys.executable, "-m", "commprof", *args], env_for_tests() if env is None else env)], timeout)

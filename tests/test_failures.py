@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from invariants import check_iteration
-from spawn import commprof, env_for_tests, kill_session, processes, spawn
+from spawn import commprof, env_for_tests, kill_session, processes, python_c, spawn
 
 from commprof import job
 from commprof.comm import faults, flight
@@ -208,8 +208,7 @@ def test_a_rank_ends_through_end_process_with_its_output_and_code(backend):
               f"comm = init_comm(discover(), backend={backend!r}, timeout_s=10); "
               "torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1); comm.all_reduce(torch.ones(2)); "
               "comm.close(); print('written', end=''); end_process(7)")
-    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
-                          timeout=120)
+    proc, _ = python_c(script, timeout=120)
     assert (proc.returncode, proc.stdout) == (7, "written"), proc.stderr[-3000:]
 
 
@@ -247,10 +246,8 @@ def test_a_failure_on_the_watchdogs_thread_ends_the_rank_even_when_saving_raises
               "watchdog.on_failure(save)\n"
               "threading.Thread(target=watchdog.fail, args=(PeerTimeoutError('rank 0: all_reduce stalled'),)).start()\n"
               "time.sleep(60)\n")
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", script], env=env_for_tests(), capture_output=True, text=True,
-                          timeout=120)
+    proc, took = python_c(script, timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert time.monotonic() - start < 50, proc.stderr[-3000:]
+    assert took < 50, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == ["commprof: rank 0: could not save the results: KeyboardInterrupt",
                                                 "commprof: error: rank 0: all_reduce stalled"], proc.stderr

@@ -180,7 +180,6 @@ class Annotator:
         if due:  # the trace's writing after the pop: inside no range it stamps, NVTX's or its own
             trace.flush()
 
-
     def pop_unfinished(self, end_ns: int | None = None) -> None:
         """Pop a range that turned out other than its push said (the iteration a profiled script's last
         optimizer step began, ended by no step): NVTX's goes as pushed; the trace ends it at `end_ns` (the

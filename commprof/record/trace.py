@@ -114,7 +114,7 @@ class TraceRecorder:
         if t_ns is None:
             self._stack.pop()  # a GPU mark taken at its push is left unmatched: nothing reads it
         else:
-            self.end(t_ns)
+            self.end(t_ns)  # its GPU twin, if any, still ends at the stream's mark now
 
     def span(self, label, t0_ns: int, t1_ns: int) -> None:
         """A training-thread span known only once it is over (a wait found after the fact); no GPU twin."""

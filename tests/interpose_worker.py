@@ -4,12 +4,14 @@ in nccl-tests' convention, group labels. Prints one JSON line per rank; exit 1 o
 
 import json
 import os
+import pickle
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm import interpose
+from commprof.comm import interpose, torch_own
 from commprof.record.recorder import GROUP, NAME, NBYTES
 
 N = 1024  # float32 elements per rank
@@ -130,17 +132,46 @@ def main() -> int:
         check("subgroup broadcast", t, torch.full((N,), 1.0))
         expected.append(("broadcast", N * 4, "ranks0-1"))
 
-    # what Comm has no form for runs as torch's own, counted as unseen
+    # by distributed_c10d's own name, and through torch's helpers that call those names: routed all the same
+    t = torch.full((N,), float(r + 1))
+    c10d.all_reduce(t)
+    check("all_reduce by distributed_c10d's name", t, torch.full((N,), float(n * (n + 1) // 2)))
+    expected.append(("all_reduce", N * 4, "world"))
+    objects = [None] * n
+    dist.all_gather_object(objects, {"rank": r})  # the sizes (an int64 a rank), then the pickles
+    if objects != [{"rank": s} for s in range(n)]:
+        failures.append(f"all_gather_object gave {objects}")
+    expected += [("all_gather", n * 8, "world"), ("all_gather", n * len(pickle.dumps({"rank": 0})), "world")]
+    box = ["from the last rank" if r == n - 1 else None]
+    dist.broadcast_object_list(box, src=n - 1)  # the size (an int64 an object), then the pickle
+    if box != ["from the last rank"]:
+        failures.append(f"broadcast_object_list gave {box}")
+    expected += [("broadcast", 8, "world"), ("broadcast", len(pickle.dumps("from the last rank")), "world")]
+
+    # what Comm has no form for runs as torch's own, counted as unseen; what torch's own function calls by
+    # distributed_c10d's names is torch's too (all_gather_into_tensor calls all_gather_single): no op
     splits = [1] * n
     dist.all_to_all_single(torch.empty(n), torch.zeros(n), splits, splits)
+    out = torch.empty(n * 2)
+    dist.all_gather_into_tensor(out, torch.full((4,), float(r))[::2])  # not contiguous
+    check("all_gather_into_tensor, not contiguous", out, torch.arange(n).repeat_interleave(2).float())
+    pieces = [torch.empty(4) for _ in range(n)] if r == 0 else None
+    dist.gather(torch.full((4,), float(r)), pieces, dst=0)
+    if r == 0:
+        check("gather", torch.stack(pieces), torch.arange(n).float()[:, None].expand(n, 4))
+    mine = torch.empty(4)
+    c10d.scatter(mine, [torch.full((4,), float(s)) for s in range(n)] if r == 0 else None, src=0)
+    check("scatter", mine, torch.full((4,), float(r)))
 
     seen = [(op[NAME], op[NBYTES], op[GROUP]) for op in interposer.recorder.ops]
     if seen != expected:
         failures.append(f"op log {seen} != {expected}")
     dist.destroy_process_group()
     interpose.uninstall()
-    if dist.all_reduce is not torch.distributed.distributed_c10d.all_reduce:
-        failures.append("uninstall left torch.distributed.all_reduce rebound")
+    if dist.all_reduce is not c10d.all_reduce or c10d.all_reduce is not torch_own.c10d.all_reduce:
+        failures.append("uninstall left all_reduce rebound")
+    if c10d.gather is not torch_own.c10d.gather or dist.gather is not c10d.gather:
+        failures.append("uninstall left gather rebound")
     print(json.dumps({"rank": r, "ops": len(seen), "unseen": dict(interposer.unseen), "failures": failures}),
           flush=True)
     return 1 if failures else 0

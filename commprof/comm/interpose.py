@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from commprof.comm import torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
 from commprof.record.clock import CpuClock, CudaClock
@@ -52,6 +53,11 @@ ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_
           "batch_isend_irecv", "all_gather_single", "reduce_scatter_single")
 """The `torch.distributed` names install() rebinds (those this torch has: the `_single` names, FSDP2's,
 are new in 2.10)."""
+UNSEEN = ("gather", "scatter", "all_reduce_coalesced", "all_gather_coalesced", "monitored_barrier")
+"""Collectives Comm has no form for, rebound only to be counted in `unseen` as they run as torch's own."""
+P2P_BY_NAME = ("isend", "irecv", "batch_isend_irecv")
+"""Names rebound in the `torch.distributed` namespace only, never in distributed_c10d: torch's P2POp and
+batch_isend_irecv compare an op with that module's own isend and irecv by identity."""
 
 
 class Work(c10d.Work):
@@ -252,8 +258,11 @@ class Interposer:
         return None
 
     def _torch(self, name: str, *args, **kwargs):
+        """torch's own `name`, counted as unseen; whatever it calls by distributed_c10d's names is torch's too
+        (all_gather_into_tensor calls all_gather_single: not a second op)."""
         self.unseen[name] += 1
-        return getattr(c10d, name)(*args, **kwargs)
+        with torch_own.own():
+            return getattr(torch_own.c10d, name)(*args, **kwargs)
 
 
 def _work(handle, after=None):
@@ -299,16 +308,25 @@ _ACTIVE: Interposer | None = None
 
 def install(recorder: OpRecorder | None = None) -> Interposer:
     """Rebind torch.distributed's collectives to a new Interposer's wrappers (logging into `recorder`);
-    returns it."""
+    returns it. The names are rebound in the `torch.distributed` namespace, where scripts and libraries
+    call them, and in distributed_c10d, for calls by that module's name and for torch's helpers that call
+    them there (all_gather_object's all_gathers, broadcast_object_list's broadcasts)."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("torch.distributed is already interposed")
     _ACTIVE = Interposer(recorder)
     for name in _routed():
-        original = getattr(c10d, name)
+        original = getattr(torch_own.c10d, name)
         rebound = _wrapper(original, getattr(_ACTIVE, name))
         _ORIGINAL[rebound] = original
         setattr(dist, name, rebound)
+        if name not in P2P_BY_NAME:
+            setattr(c10d, name, _by_name(original, rebound))
+    for name in _unseen():
+        original = getattr(torch_own.c10d, name)
+        counted = update_wrapper(partial(_ACTIVE._torch, name), original)
+        setattr(dist, name, counted)
+        setattr(c10d, name, _by_name(original, counted))
     dist.P2POp = P2POp
     return _ACTIVE
 
@@ -317,11 +335,26 @@ def _routed() -> list[str]:
     return [name for name in ROUTED if hasattr(c10d, name)]
 
 
+def _unseen() -> list[str]:
+    return [name for name in UNSEEN if hasattr(c10d, name)]
+
+
 def _wrapper(original, route):
     """A callable that looks like torch's (name, docstring, signature) and is `route`: a partial of the
     Interposer's method, called without a Python frame of its own (a wrapping function's frame cost about
     2 µs per op right after a gloo op)."""
     return update_wrapper(partial(route.__func__, route.__self__), original)
+
+
+def _by_name(original, route):
+    """distributed_c10d's `original` rebound: `route`, except inside torch_own.own() — Comm's own calls into
+    torch, whose bodies call these names too — where it is torch's own. A frame of its own: this path is
+    the less travelled one (scripts call the `torch.distributed` names)."""
+    def call(*args, **kwargs):
+        if torch_own.active():
+            return original(*args, **kwargs)
+        return route(*args, **kwargs)
+    return update_wrapper(call, original)
 
 
 def ensure(comm: TorchComm) -> Interposer:
@@ -334,8 +367,9 @@ def ensure(comm: TorchComm) -> Interposer:
 def uninstall() -> None:
     """torch.distributed's own functions back."""
     global _ACTIVE
-    for name in _routed():
-        setattr(dist, name, getattr(c10d, name))
+    for name in (*_routed(), *_unseen()):
+        setattr(dist, name, getattr(torch_own.c10d, name))
+        setattr(c10d, name, getattr(torch_own.c10d, name))
     dist.P2POp = c10d.P2POp
     _ORIGINAL.clear()
     _ACTIVE = None

@@ -12,9 +12,10 @@ from datetime import timedelta
 
 import torch
 
-# torch's functions from the module that defines them, not the `torch.distributed` namespace: that is the
-# one commprof/comm/interpose.py rebinds to route a script's calls through Comm, which then call these.
-from torch.distributed import distributed_c10d as dist
+# torch's own functions, as distributed_c10d defined them: commprof/comm/interpose.py rebinds the names of
+# `torch.distributed` and of distributed_c10d to route a script's calls through Comm, which then calls these.
+from commprof.comm.torch_own import c10d as dist
+from commprof.comm.torch_own import own
 
 from commprof.comm.base import Comm
 from commprof.comm.store import open_store
@@ -152,13 +153,15 @@ class TorchComm(Comm):
     def _gather_object(self, obj, dst):
         group = self._control if self._control is not None else self._group
         out = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object(obj, out, dst=self._peer(dst), group=group)
+        with own():  # its inner all_gather and gather are torch's, not the script's traffic
+            dist.gather_object(obj, out, dst=self._peer(dst), group=group)
         return out
 
     def _broadcast_object(self, obj, src):
         group = self._control if self._control is not None else self._group
         box = [obj]
-        dist.broadcast_object_list(box, src=self._peer(src), group=group)
+        with own():
+            dist.broadcast_object_list(box, src=self._peer(src), group=group)
         return box[0]
 
     def _control_barrier(self, idle) -> None:  # gloo blocks in the kernel: no spinning to avoid

@@ -86,7 +86,7 @@ def _state(path):
     return torch.load(path)
 
 
-@pytest.mark.parametrize("script,extra", [("ddp_train.py", ()), ("ddp_train.py", ("--hook",)),
+@pytest.mark.parametrize("script,extra", [("ddp_train.py", ("--seed-by-rank",)), ("ddp_train.py", ("--hook",)),
                                           ("ddp_train.py", ("--find-unused",)), ("fsdp2_train.py", ())])
 def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
     plain = tmp_path / "plain.pt"
@@ -111,6 +111,11 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         reduced = (2, params + 4 * len(tensors)) if "--find-unused" in extra else (1, params)
         assert volume(doc) == {"all_reduce": reduced, "broadcast": (2, 4 * 128 + 8)}
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
+        # outside: DDP's construction broadcast every parameter and buffer from rank 0 (the float32 ones in
+        # one flat broadcast, num_batches_tracked in another), then the warm-up step's like any step's
+        outside = doc["outside_iterations"]
+        assert (outside["broadcast"]["calls"], outside["broadcast"]["payload_bytes"]) == \
+            (2 + 2, params + 4 * 128 + 8 + 4 * 128 + 8)
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}
         # outside: the warm-up step's, and the script's full_tensor() of every parameter at the end (functional

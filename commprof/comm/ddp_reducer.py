@@ -1,7 +1,8 @@
-"""DistributedDataParallel's traffic through Comm: its reducer's bucket all-reduces and its buffer
-broadcasts, which its C++ code would otherwise send where nothing sees them.
+"""DistributedDataParallel's traffic through Comm: its reducer's bucket all-reduces and its coalesced
+broadcasts (the parameters and buffers at construction, the buffers before every forward), which its C++
+code would otherwise send where nothing sees them.
 
-    ddp_reducer.install(interposer)   # every DDP built from now on: buckets and buffers through the
+    ddp_reducer.install(interposer)   # every DDP built from now on: buckets and broadcasts through the
                                       # Comm of its process group
 
 DDP's C++ reducer is handed a process group of its own whose backend is `Routed`: the reducer's
@@ -12,8 +13,10 @@ arithmetic and schedule: with no comm hook, the reducer still divides each gradi
 copying it into its bucket (a comm hook gets the bucket undivided and must make one more pass over it: 3 %
 of a ResNet-18 step on 2 CPU ranks) and starts each bucket's all-reduce from its autograd hook as before. A
 comm hook the script registers replaces the reducer's all-reduce; its collectives, made through
-`torch.distributed`, are interposed anyway. The initial parameter broadcast and shape check of DDP's
-constructor stay in C++: not seen. Exercised by: `pytest tests/test_profile_cli.py -k ddp`.
+`torch.distributed`, are interposed anyway. `torch.distributed._broadcast_coalesced`, which DDP (and FSDP's
+sync_module_states) call from Python, is rebound: each run of tensors torch's would coalesce — one dtype, at
+most the bucket's bytes — is one flat broadcast through Comm. The shape check of DDP's constructor (a
+broadcast of shapes from rank 0) stays in C++: not seen. Exercised by: `pytest tests/test_profile_cli.py -k ddp`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend, Work
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 _SAVED: dict = {}
 
@@ -96,31 +98,39 @@ def install(interposer) -> None:
     """Patch DDP so each instance routes its traffic through `interposer`'s Comms."""
     if _SAVED:
         return
-    _SAVED.update(reducer=dist.Reducer, broadcast=DDP._distributed_broadcast_coalesced)
+    _SAVED.update(reducer=dist.Reducer, broadcast=dist._broadcast_coalesced)
 
     class Reducer(_SAVED["reducer"]):
         def __init__(self, params, buckets, limits, process_group, *rest, **kwargs):
             self._commprof_routed = routed_group(interposer.comm(process_group), process_group)
             super().__init__(params, buckets, limits, self._commprof_routed[0], *rest, **kwargs)
 
-    def broadcast(self, tensors, buffer_size, authoritative_rank=0):
-        tensors = list(tensors)
-        if not tensors:
-            return
-        # one flat broadcast per dtype: the bytes of torch's coalesced one, through Comm
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            group = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            interposer.comm(self.process_group).broadcast(flat, src=authoritative_rank)
-            for t, piece in zip(group, flat.split([t.numel() for t in group])):
+    def broadcast_coalesced(process_group, tensors, buffer_size, src=0):
+        comm = interposer.comm(process_group)
+        for chunk in _chunks(list(tensors), buffer_size):
+            flat = torch.cat([t.detach().reshape(-1) for t in chunk])
+            comm.broadcast(flat, src=src)
+            for t, piece in zip(chunk, flat.split([t.numel() for t in chunk])):
                 t.detach().copy_(piece.view(t.shape))
 
     dist.Reducer = Reducer
-    DDP._distributed_broadcast_coalesced = broadcast
+    dist._broadcast_coalesced = broadcast_coalesced
+
+
+def _chunks(tensors: list, limit: int) -> list[list]:
+    """`tensors` as torch's coalesced broadcast cuts them: by dtype and device, in order, each run at most
+    `limit` bytes (a larger tensor alone)."""
+    runs: dict[tuple, list[list]] = {}
+    for t in tensors:
+        kind = runs.setdefault((t.dtype, t.device), [[]])
+        if kind[-1] and sum(x.nbytes for x in kind[-1]) + t.nbytes > limit:
+            kind.append([])
+        kind[-1].append(t)
+    return [run for kind in runs.values() for run in kind if run]
 
 
 def uninstall() -> None:
     if _SAVED:
         dist.Reducer = _SAVED["reducer"]
-        DDP._distributed_broadcast_coalesced = _SAVED["broadcast"]
+        dist._broadcast_coalesced = _SAVED["broadcast"]
         _SAVED.clear()

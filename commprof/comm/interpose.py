@@ -6,10 +6,15 @@
     interpose.uninstall()
 
 `install` rebinds the collectives of the `torch.distributed` namespace — the names scripts and most
-libraries call (`dist.all_reduce`, …) — to wrappers with torch's signatures. A wrapper finds the Comm of the
-call's process group (made on first use, labelled "world" or by its ranks, e.g. "ranks0-1") and calls it, so
-the op is timed, counted and NVTX-wrapped in Comm's one place; async calls return a Work whose `wait()` is
-Comm's. Comm's torch backend calls torch's own functions from `distributed_c10d`, which stay as they are.
+libraries call (`dist.all_reduce`, …) — to wrappers with torch's signatures, and the same names in
+`distributed_c10d`, the module that defines them: a call by that module's name is routed too, and so are
+the collectives torch's object functions make there (`all_gather_object`: two all_gathers, the sizes then
+the pickles; `broadcast_object_list`: two broadcasts). A wrapper finds the Comm of the call's process group
+(made on first use, labelled "world" or by its ranks, e.g. "ranks0-1") and calls it, so the op is timed,
+counted and NVTX-wrapped in Comm's one place; async calls return a Work whose `wait()` is Comm's. Comm's
+torch backend calls torch's own functions (comm/torch_own.py), and whatever runs inside `torch_own.own()` —
+Comm's own object exchanges, a call left to torch — finds torch's own behind every rebound name: an op is
+never counted twice, and commprof's control traffic is never the script's.
 
 Routed: all_reduce, all_gather_into_tensor, all_gather (list), reduce_scatter_tensor, reduce_scatter (list),
 broadcast, reduce, all_to_all (equal shapes), all_to_all_single (equal splits), barrier, send, recv, isend,
@@ -17,10 +22,12 @@ irecv, batch_isend_irecv; sync and async, any process group. `P2POp` becomes a s
 rebound isend/irecv (torch's own check compares against its originals; pipelining compares `op.op` with
 `dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by name): what Comm has no form
 for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a tensor that is not contiguous,
-recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call).
+recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call), and
+gather, scatter, the coalesced forms and monitored_barrier, which Comm has no form for at all.
 Functional collectives are not these functions' to see: comm/functional.py routes them. Not seen at all:
-calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it) and calls through `distributed_c10d`
-by name.
+calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it), and isend, irecv and
+batch_isend_irecv by `distributed_c10d`'s name (torch compares a P2POp's op with that module's own by
+identity, so those stay torch's there; send and recv by that name are routed).
 
 Exercised by: `pytest tests/test_interpose.py`.
 """

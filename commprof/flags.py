@@ -29,9 +29,9 @@ them (the rendezvous then times out at once)."""
 
 
 def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout: str = "") -> None:
-    """--backend, --nproc, --timeout, --json, --trace, --debug-dump and --huge-pages, as every command that
-    starts ranks takes them. `nproc`: what --nproc defaults to; `json`: what --json holds; `timeout`: a word on
-    --timeout of the command's own."""
+    """--backend, --nproc, --timeout, --json, --trace, --debug-dump, --huge-pages and --bind-cores, as every
+    command that starts ranks takes them. `nproc`: what --nproc defaults to; `json`: what --json holds;
+    `timeout`: a word on --timeout of the command's own."""
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: ranks started "
                                                        "by mpiexec")
     p.add_argument("--nproc", type=int, help=f"local ranks to start (default: {nproc})")
@@ -45,6 +45,9 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
                    help="torch's large CPU buffers on transparent huge pages (THP_MEM_ALLOC_ENABLE=1), as a tuned "
                         "job sets it (default: the allocator as the environment has it; the JSON's env.allocator "
                         "says which)")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="each rank bound to its own share of this host's cores, as mpirun --bind-to core does "
+                        "(default: unbound, as torchrun leaves them; the JSON's env says each rank's cores)")
 
 
 def add_link_flag(p: argparse.ArgumentParser) -> None:

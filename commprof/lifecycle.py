@@ -24,7 +24,7 @@ from commprof import launch
 from commprof.backends import slots
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
-from commprof.world import World, discover, usable_cores
+from commprof.world import World, bind_cores, discover, usable_cores
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +41,8 @@ class Config(Protocol):
     timeout_s: float
     huge_pages: bool
     """--huge-pages: THP_MEM_ALLOC_ENABLE=1 in every rank, before torch allocates."""
+    bind_cores: bool
+    """--bind-cores: every rank on its own share of its host's cores, before torch starts a thread."""
     out: Outputs
 
 
@@ -129,13 +131,19 @@ def main(command: Job, args: argparse.Namespace) -> int:
         cfg.out.check()
         command.check_world(cfg, world.world_size)
         _huge_pages(cfg)
+        if cfg.bind_cores:
+            bind_cores(world)
         return command.run_rank(cfg, world, slots(cfg.backend))
     cfg, nproc, have = _plan(command, args)
+    if cfg.bind_cores and nproc > usable_cores():
+        raise UsageError(f"--bind-cores: {nproc} ranks and {usable_cores()} core(s) to share: at least one a rank")
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
                              timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
                              huge_pages=cfg.huge_pages)
     _huge_pages(cfg)
+    if cfg.bind_cores:
+        bind_cores(world)
     return command.run_rank(cfg, world, have)
 
 

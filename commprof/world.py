@@ -109,6 +109,20 @@ def first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
+def bind_cores(world: World) -> list[int]:
+    """Bind this rank (its thread now, so every thread it starts after) to its share of the cores it may run
+    on: local rank r of n gets the r-th of n equal runs; returns them. Before torch starts a thread: one
+    started earlier keeps the old mask."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // world.local_world_size
+    if share == 0:
+        raise UsageError(f"--bind-cores: {world.local_world_size} ranks on this host and {len(cores)} core(s) "
+                         "to share: at least one a rank")
+    mine = cores[world.local_rank * share:(world.local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def usable_cores() -> int:
     """Cores this process may run on (affinity mask, not the machine's total)."""
     try:

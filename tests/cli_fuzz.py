@@ -141,6 +141,7 @@ BENCH = (
     Flag(("--link-rate",), RATES),
     Flag(("--debug-dump",), PATHS),
     Flag(("--huge-pages",), None),
+    Flag(("--bind-cores",), None),
 )
 RUN = (
     Flag(("--strategy",), names(STRATEGIES)),
@@ -185,6 +186,7 @@ RUN = (
     Flag(("--plot",), PATHS),
     Flag(("--debug-dump",), PATHS),
     Flag(("--huge-pages",), None),
+    Flag(("--bind-cores",), None),
     Flag(("--trace",), PATHS),
     Flag(("--torch-profiler",), PATHS),
     Flag(("--link-rate",), RATES),

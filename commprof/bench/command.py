@@ -139,7 +139,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=args.check, agg=agg, root=root, all_roots=all_roots,
         agg_iters=args.agg_iters, blocking=bool(args.blocking),
-        timeout_s=args.timeout, huge_pages=args.huge_pages,
+        timeout_s=args.timeout, huge_pages=args.huge_pages, bind_cores=args.bind_cores,
         nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
         levels=levels,
         out=Outputs.from_args(args))

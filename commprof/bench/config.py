@@ -65,6 +65,9 @@ class BenchConfig:
     huge_pages: bool = False
     """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
     the environment has it."""
+    bind_cores: bool = False
+    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
+    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     nproc: int | None = None
     """Local ranks to start (--nproc); None: one per core, or per GPU."""
     group_sizes: tuple[int, ...] = ()

@@ -12,13 +12,10 @@ from datetime import timedelta
 
 import torch
 
-# torch's own functions, as distributed_c10d defined them: commprof/comm/interpose.py rebinds the names of
-# `torch.distributed` and of distributed_c10d to route a script's calls through Comm, which then calls these.
-from commprof.comm.torch_own import c10d as dist
-from commprof.comm.torch_own import own
-
 from commprof.comm.base import Comm
 from commprof.comm.store import open_store
+from commprof.comm.torch_own import c10d as dist  # torch's own: interpose.py rebinds distributed_c10d's names
+from commprof.comm.torch_own import own
 from commprof.comm.waiter import Waiter
 from commprof.errors import UnsupportedError
 from commprof.measurement import P2P

@@ -51,6 +51,9 @@ class ProfileConfig:
     huge_pages: bool = False
     """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
     the environment has it."""
+    bind_cores: bool = False
+    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
+    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     ddp_reducer: bool = True
     """Route DistributedDataParallel's reducer (its bucket all-reduces) through Comm, by the process group
     it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
@@ -95,7 +98,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     out = Outputs.from_args(args)
     return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
                          warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
-                         steps_per_epoch=args.steps_per_epoch,
+                         bind_cores=args.bind_cores, steps_per_epoch=args.steps_per_epoch,
                          global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out,
                          link=link_flag(args.link_rate))
 

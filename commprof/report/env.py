@@ -46,7 +46,15 @@ def local_env(device: torch.device) -> dict:
         name = f"{device} {torch.cuda.get_device_name(device)}"
     else:
         name = f"cpu {platform.processor() or platform.machine()}"
-    return {"host": socket.gethostname(), "device": name, "pid": os.getpid()}
+    return {"host": socket.gethostname(), "device": name, "pid": os.getpid(), "cores": _cores()}
+
+
+def _cores() -> list[int] | None:
+    """The cores this rank may run on (its affinity: all of the host's unless bound); None where unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
 
 
 def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_size: int,
@@ -70,6 +78,7 @@ def merge_env(pieces: list[dict], *, backend: str, world_size: int, local_world_
         "clock": clock,
         "hosts": sorted({p["host"] for p in pieces}),
         "devices": [p["device"] for p in pieces],
+        "cores": [p.get("cores") for p in pieces],
         "command": argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -150,7 +150,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
-        eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages, save_state=args.save_state,
+        eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages,
+        bind_cores=args.bind_cores, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
         out=Outputs.from_args(args), link=link_flag(args.link_rate))
 

@@ -90,6 +90,9 @@ class RunConfig:
     huge_pages: bool = False
     """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
     the environment has it."""
+    bind_cores: bool = False
+    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
+    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     save_state: str | None = None
     """Write the final full model state_dict here (rank 0)."""
     nproc: int | None = None

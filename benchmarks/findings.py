@@ -10,10 +10,14 @@
 - the straggler job at D = 20 with the last rank's clock --clock-ms ahead (COMMPROF_FAULT=clock): the offset
   the trace's alignment found against the one injected, the bound it states, and the straggler's cost.
 
-Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores).
+Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores), the ranks unbound as torchrun
+leaves them, or each on its own cores (--bind-cores: profile's flag). Unbound, a gloo rank that waits for the
+straggler sleeps and lends its core to its peer, so the delayed job's transfers and compute run faster than
+the balanced job's, and its step without the delay reads low; bound, the delayed job keeps the balanced one's
+resources.
 
     python benchmarks/findings.py [--quick] [--delays 5,20,50] [--backends gloo,mpi] [--nproc 2]
-                                  [--steps 48] [--clock-ms 500] [--json PATH]
+                                  [--steps 48] [--clock-ms 500] [--bind-cores] [--json PATH]
 
 48 steps a job: one step of the balanced job takes 7–20 ms here, and a median of fewer moves by ~10 % from
 run to run. --quick: D = 20 on gloo, 8 steps; seconds, to see that it runs. Targets: cost and step within 15 %,
@@ -29,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, job, parse, parser, with_root
+from common import ROOT, job, median_ci, parse, parser, with_root
 
 SCRIPTS = ROOT / "tests" / "scripts"
 QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
@@ -37,15 +41,17 @@ QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
 TIMEOUT_S = 600
 
 
-def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str, fault: str = "") -> dict:
+def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str, fault: str = "",
+             bind: bool = False) -> dict:
     """The JSON of `commprof profile --trace` of tests/scripts/SCRIPT (under COMMPROF_FAULT=fault), with the
     step of its own trace and its clock alignment."""
     sys.path.insert(0, str(ROOT))
     from commprof.predict import timeline
 
     out = tmp / f"{name}.json"
-    job([sys.executable, "-m", "commprof", "profile", "--nproc", str(nproc), "--backend", backend, "--trace",
-         str(tmp / name), "--json", str(out), "--", str(SCRIPTS / script), *args],
+    flags = ["--nproc", str(nproc), "--backend", backend, *(["--bind-cores"] if bind else [])]
+    job([sys.executable, "-m", "commprof", "profile", *flags, "--trace", str(tmp / name), "--json", str(out), "--",
+         str(SCRIPTS / script), *args],
         env=with_root({**os.environ, "COMMPROF_FAULT": fault}), timeout_s=TIMEOUT_S, what=f"findings: {name}")
     doc = json.loads(out.read_text())
     doc["trace_step_ms"] = timeline.load(str(tmp / name)).measured_wall_ms
@@ -64,6 +70,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--clock-ms", type=float, default=500.0, help="how far ahead the last rank's clock is set")
+    p.add_argument("--bind-cores", action="store_true", help="each rank on its own cores (profile's flag)")
     args = parse(p, QUICK)
     steps = ["--steps", str(args.steps)]
     rows = []
@@ -74,13 +81,14 @@ def main() -> None:
             # the balanced job before each delayed one and after the last: a delayed run's step without the
             # delay is held against the balanced runs beside it in time, and against all of them
             delays = list(map(float, args.delays.split(",")))
-            balanced = [profiled(tmp, f"{backend}-d0-0", backend, args.nproc, "straggler_train.py", *steps)]
+            balanced = [profiled(tmp, f"{backend}-d0-0", backend, args.nproc, "straggler_train.py", *steps,
+                                 bind=args.bind_cores)]
             delayed = []
             for k, delay in enumerate(delays):
                 delayed.append(profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py",
-                                        *steps, "--delay-ms", str(delay)))
+                                        *steps, "--delay-ms", str(delay), bind=args.bind_cores))
                 balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc, "straggler_train.py",
-                                         *steps))
+                                         *steps, bind=args.bind_cores))
             steps_ms = [b["trace_step_ms"] for b in balanced]
             for k, (delay, doc) in enumerate(zip(delays, delayed)):
                 rows.append(straggler_row(doc, delay, backend, args.nproc, steps_ms, steps_ms[k:k + 2]))
@@ -89,8 +97,10 @@ def main() -> None:
                       f"{_f(row['cost_over_delay'])}, step without/balanced {_f(row['without_over_balanced'])} "
                       f"(balanced runs {row['balanced_min_over_median']:.3f}-{row['balanced_max_over_median']:.3f} "
                       f"of their median), /neighbours {_f(row['without_over_neighbours'])}", flush=True)
-            per = profiled(tmp, f"{backend}-per-param", backend, args.nproc, "per_param_train.py", *steps)
-            fused = profiled(tmp, f"{backend}-fused", backend, args.nproc, "per_param_train.py", *steps, "--fused")
+            per = profiled(tmp, f"{backend}-per-param", backend, args.nproc, "per_param_train.py", *steps,
+                           bind=args.bind_cores)
+            fused = profiled(tmp, f"{backend}-fused", backend, args.nproc, "per_param_train.py", *steps, "--fused",
+                             bind=args.bind_cores)
             found = first(per, "latency_bound")
             measured = per["trace_step_ms"] - fused["trace_step_ms"]
             predicted = None if found is None else per["trace_step_ms"] - found["step_ms_without"]
@@ -101,9 +111,11 @@ def main() -> None:
                          else predicted / measured})
             print(f"latency_bound ({at}): found {found is not None}, saving predicted {_f(predicted)} ms, "
                   f"measured {measured:.2f} ms", flush=True)
-            rows.append(clock(tmp, backend, args.nproc, args.clock_ms, steps))
+            rows.append(clock(tmp, backend, args.nproc, args.clock_ms, steps, args.bind_cores))
+            for delay in delays:
+                rows.append(alternating(tmp, backend, args.nproc, delay, steps, args.bind_cores))
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"bind_cores": args.bind_cores, "rows": rows}, indent=1) + "\n")
 
 
 def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: list[float],
@@ -122,11 +134,11 @@ def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: l
             "balanced_min_over_median": min(balanced) / mid, "balanced_max_over_median": max(balanced) / mid}
 
 
-def clock(tmp: Path, backend: str, nproc: int, ahead_ms: float, steps: list[str]) -> dict:
+def clock(tmp: Path, backend: str, nproc: int, ahead_ms: float, steps: list[str], bind: bool) -> dict:
     """The straggler job (D = 20 ms) with the last rank's clock `ahead_ms` ahead: what the alignment found."""
     skewed = nproc - 1
     doc = profiled(tmp, f"{backend}-clock", backend, nproc, "straggler_train.py", *steps, "--delay-ms", "20",
-                   fault=f"clock:rank={skewed}:ms={ahead_ms:g}")
+                   fault=f"clock:rank={skewed}:ms={ahead_ms:g}", bind=bind)
     mine = doc["clock_sync"]["ranks"][skewed]
     found = first(doc, "straggler")
     row = {"case": "clock", "backend": backend, "nproc": nproc, "injected_ms": ahead_ms,
@@ -136,6 +148,47 @@ def clock(tmp: Path, backend: str, nproc: int, ahead_ms: float, steps: list[str]
     print(f"clock {ahead_ms:g} ms ahead on rank {skewed} ({backend}, {nproc} ranks): found {row['found_ms']:.3f} "
           f"ms (error {row['error_ms']:+.3f}, bound {row['bound_ms']:.3f}); straggler rank {row['straggler_rank']}, "
           f"cost/D {_f(row['cost_over_delay'])}", flush=True)
+    return row
+
+
+def alternating(tmp: Path, backend: str, nproc: int, delay: float, steps: list[str], bind: bool) -> dict:
+    """The straggler job with rank 1 slept before every other backward: each delayed iteration's step without
+    the delay (that iteration alone replayed, rank 1's own time as the others') over the mean measured step of
+    the balanced iterations on either side of it, a control from the same moment of the machine; beside it, a
+    balanced iteration over the balanced ones two away on either side (the same comparison with nothing to
+    take away)."""
+    from dataclasses import replace
+
+    from commprof.findings import whatif
+    from commprof.findings.arrivals import analyze
+    from commprof.predict import timeline
+
+    name = f"{backend}-alternating{delay:g}"
+    profiled(tmp, name, backend, nproc, "straggler_train.py", *steps, "--delay-ms", str(delay), "--delay-every", "2",
+             bind=bind)
+    m = timeline.load(str(tmp / name))
+    analysis = analyze(m)
+    walls = [max(p.wall_ms for p in it) for it in m.iterations]
+    own = [[sum(s[1] for s in p.steps if s[0] == "busy") for p in it] for it in m.iterations]
+    delayed = [o[1] - statistics.median(o[:1] + o[2:]) > delay / 2 for o in own]
+    ratios, controls = [], []
+    for i in range(1, len(walls) - 1):
+        if delayed[i] and not (delayed[i - 1] or delayed[i + 1]):
+            without = whatif.step_without(replace(m, iterations=(m.iterations[i],)), analysis,
+                                          edit=whatif.busy_as_median(1))
+            ratios.append(without / statistics.fmean([walls[i - 1], walls[i + 1]]))
+        elif 2 <= i < len(walls) - 2 and not (delayed[i] or delayed[i - 2] or delayed[i + 2]):
+            controls.append(walls[i] / statistics.fmean([walls[i - 2], walls[i + 2]]))
+    row = {"case": "straggler_alternating", "backend": backend, "nproc": nproc, "delay_ms": delay,
+           "delayed_iterations": sum(delayed), "iterations": len(walls), "pairs": len(ratios),
+           "without_over_neighbours": statistics.median(ratios) if ratios else None,
+           "without_over_neighbours_ci95": median_ci(ratios) if len(ratios) > 2 else None,
+           "balanced_over_neighbours": statistics.median(controls) if controls else None,
+           "balanced_over_neighbours_ci95": median_ci(controls) if len(controls) > 2 else None}
+    print(f"straggler every other step, D={delay:g} ms ({backend}, {nproc} ranks): {row['pairs']} delayed "
+          f"iterations, step without ÷ its balanced neighbours {_f(row['without_over_neighbours'])} "
+          f"{row['without_over_neighbours_ci95']}; balanced ÷ balanced {_f(row['balanced_over_neighbours'])}",
+          flush=True)
     return row
 
 

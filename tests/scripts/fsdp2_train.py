@@ -1,4 +1,5 @@
-"""A plain FSDP2 (fully_shard) training script: each Linear a unit, then the root."""
+"""A plain FSDP2 (fully_shard) training script: each Linear a unit, then the root (--units root: the root alone,
+one unit of every parameter)."""
 import argparse
 import gc
 
@@ -9,15 +10,19 @@ from torch.distributed.fsdp import fully_shard
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--state", help="write the final full parameters here (rank 0)")
+p.add_argument("--units", choices=["layers", "root"], default="layers")
+p.add_argument("--width", type=int, default=64, help="the hidden layers' width")
 args = p.parse_args()
 
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                            torch.nn.Linear(64, 10))
-for layer in (model[0], model[2], model[4]):
-    fully_shard(layer)
+w = args.width
+model = torch.nn.Sequential(torch.nn.Linear(32, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                            torch.nn.Linear(w, 10))
+if args.units == "layers":
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer)
 fully_shard(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 g = torch.Generator().manual_seed(1)

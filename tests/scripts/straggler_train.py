@@ -1,5 +1,6 @@
-"""A DDP training script with a straggler: rank --slow-rank sleeps --delay-ms before every backward, so its
-peers wait that long for it in DDP's all-reduces each step (0: a balanced job)."""
+"""A DDP training script with a straggler: rank --slow-rank sleeps --delay-ms before every backward (or every
+--delay-every'th: 2 delays steps 0, 2, 4, …, each beside balanced ones), so its peers wait that long for it in
+DDP's all-reduces (0: a balanced job)."""
 import argparse
 import gc
 import time
@@ -12,6 +13,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--delay-ms", type=float, default=0.0)
 p.add_argument("--slow-rank", type=int, default=1)
+p.add_argument("--delay-every", type=int, default=1)
 args = p.parse_args()
 
 dist.init_process_group()
@@ -26,7 +28,7 @@ x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=
 for step in range(args.steps):
     loss = torch.nn.functional.cross_entropy(ddp(x), y)
     opt.zero_grad()
-    if rank == args.slow_rank and args.delay_ms:
+    if rank == args.slow_rank and args.delay_ms and step % args.delay_every == 0:
         time.sleep(args.delay_ms / 1e3)
     loss.backward()
     opt.step()

@@ -8,13 +8,14 @@
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
   per-parameter step less the fused one);
 - the straggler job at D = 20 with the last rank's clock --clock-ms ahead (COMMPROF_FAULT=clock): the offset
-  the trace's alignment found against the one injected, the bound it states, and the straggler's cost.
+  the trace's alignment found against the one injected, the bound it states, and the straggler's cost;
+- the straggler job with only every other step delayed (--delay-every 2), at each D: every delayed
+  iteration's step without the delay (that iteration replayed alone) over the balanced iterations on either
+  side of it — a control from the same moment, where separate balanced runs differ by 10–30 % here — and a
+  balanced iteration over its balanced neighbours, the comparison's own noise.
 
 Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores), the ranks unbound as torchrun
-leaves them, or each on its own cores (--bind-cores: profile's flag). Unbound, a gloo rank that waits for the
-straggler sleeps and lends its core to its peer, so the delayed job's transfers and compute run faster than
-the balanced job's, and its step without the delay reads low; bound, the delayed job keeps the balanced one's
-resources.
+leaves them, or each on its own cores (--bind-cores: profile's flag).
 
     python benchmarks/findings.py [--quick] [--delays 5,20,50] [--backends gloo,mpi] [--nproc 2]
                                   [--steps 48] [--clock-ms 500] [--bind-cores] [--json PATH]

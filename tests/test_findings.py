@@ -86,7 +86,7 @@ def test_a_failed_or_killed_ranks_private_trace_goes_too(tmp_path):
 def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanced_step(jobs):
     doc, proc, _ = jobs["slowed"]
     top = doc["findings"]["items"][0]
-    assert (top["kind"], top["rank"]) == ("straggler", 1), doc["findings"]
+    assert (top["kind"], top.get("rank")) == ("straggler", 1), doc["findings"]
     assert near_delay(top, DELAY_MS), top
     assert top["evidence"]["last_at_share"] > 0.9 and top["evidence"]["peers_wait_ms"]["0"] >= top["ms_per_step"]
     # the replay without it saves the delay; against the balanced job's own step (another job, so as noisy as
@@ -108,9 +108,9 @@ def test_a_balanced_job_names_no_straggler_or_imbalance(jobs):
     own = [r.busy_ms for r in analyze(timeline.load(str(trace))).ranks]
     if max(own) <= min(own) * 1.10:
         assert "straggler" not in found, (doc["findings"], own)
-    elif "straggler" in found:
+    elif "straggler" in found:  # what it costs is no more than that excess of its own time
         excess = max(own) - min(own)
-        assert found["straggler"]["ms_per_step"] <= 1.5 * excess and excess < DELAY_MS / 4, (found, own)
+        assert found["straggler"]["ms_per_step"] <= 1.5 * excess, (found, own)
 
 
 def test_report_prints_the_saved_findings_again(jobs, tmp_path):
@@ -195,12 +195,13 @@ def test_many_small_all_reduces_are_latency_bound_and_one_fused_is_not(jobs):
     assert len(found) == 1, jobs["per-param"][0]["findings"]
     e = found[0]["evidence"]
     assert 25 <= e["ops_per_step"] <= 32  # 32 parameters; DDP-free, so every step's ops are matched
-    # fusing saves their transfer less one op of their bytes by the fit: α + β·n, n at most every gradient's
-    # 4·16·(32·32 + 32) bytes on the bus (all_reduce's bus factor 2(n−1)/n at 2 ranks: 1); β = 0 (no
-    # bandwidth) where the fit found the times not growing with the sizes
-    alpha_ms, most = e["alpha_us"] / 1e3, 4 * 16 * (32 * 32 + 32)
-    most_ms = alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
-    assert alpha_ms <= e["fused_ms"] <= most_ms * (1 + 1e-9)  # every gradient in one run: equal, but for rounding
+    # fusing saves their transfer less one op per run of them by the fit: α + β·n, n in all at most every
+    # gradient's 4·16·(32·32 + 32) bytes on the bus (all_reduce's bus factor 2(n−1)/n at 2 ranks: 1); β = 0
+    # (no bandwidth) where the fit found the times not growing with the sizes. One run a step when the ops go
+    # back to back; more where a busy machine held a rank longer than α between two of them
+    alpha_ms, most, runs = e["alpha_us"] / 1e3, 4 * 16 * (32 * 32 + 32), e["fused_runs_per_step"]
+    most_ms = runs * alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
+    assert runs >= 1 and alpha_ms <= e["fused_ms"] <= most_ms * (1 + 1e-9), e
     assert e["fusing_saves_ms"] == pytest.approx(e["ms_per_step_in_them"] - e["fused_ms"], rel=1e-6)
     # the step it predicts against the same script fusing them, measured in this run (the issue's 25 %)
     per = timeline.load(str(jobs["per-param"][2])).measured_wall_ms
@@ -224,7 +225,7 @@ def test_run_names_the_rank_a_slow_fault_delays(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "p" / "run-causes.png").stat().st_size > 0 and "run-causes.png" in proc.stderr
     top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
-    assert (top["kind"], top["rank"]) == ("straggler", 1), top
+    assert (top["kind"], top.get("rank")) == ("straggler", 1), top
     assert near_delay(top, delay), top
 
 
@@ -243,7 +244,7 @@ def test_four_ranks_one_clock_ahead_the_straggler_is_still_found_at_its_delay(tm
     print(f"rank 2's clock: {applied[2]:.3f} ms ahead found, bound {clocks[2]['residual_ns'] / 1e6:.3f} ms")
     assert abs(applied[2] - ahead) <= clocks[2]["residual_ns"] / 1e6 and applied[:2] + applied[3:] == [0, 0, 0], clocks
     top = json.loads((tmp_path / "r.json").read_text())["findings"]["items"][0]
-    assert (top["kind"], top["rank"]) == ("straggler", 1), top
+    assert (top["kind"], top.get("rank")) == ("straggler", 1), top
     assert near_delay(top, delay), top
 
 

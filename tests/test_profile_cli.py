@@ -109,13 +109,17 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         # way); with find_unused_parameters, the reducer's used-parameter map too (an int32 per parameter);
         # BatchNorm's buffers broadcast each forward, one flat per dtype
         reduced = (2, params + 4 * len(tensors)) if "--find-unused" in extra else (1, params)
-        assert volume(doc) == {"all_reduce": reduced, "broadcast": (2, 4 * 128 + 8)}
+        buffers = 4 * 128 + 8
+        assert volume(doc) == {"all_reduce": reduced, "broadcast": (2, buffers)}
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
-        # outside: DDP's construction broadcast every parameter and buffer from rank 0 (the float32 ones in
-        # one flat broadcast, num_batches_tracked in another), then the warm-up step's like any step's
-        outside = doc["outside_iterations"]
-        assert (outside["broadcast"]["calls"], outside["broadcast"]["payload_bytes"]) == \
-            (2 + 2, params + 4 * 128 + 8 + 4 * 128 + 8)
+        # outside: DDP's constructor checks the model (an all_gather of parameter counts, a broadcast of rank
+        # 0's sizes and strides: an int64 each), broadcasts every parameter and buffer from rank 0 (the float32
+        # ones in one flat broadcast, num_batches_tracked in another), then the warm-up step's like any step's
+        outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+        shapes = 8 * sum(2 * v.dim() for v in tensors)
+        assert outside == {"all_gather": (1, 2 * 8), "all_reduce": reduced,
+                           "broadcast": (1 + 2 + 2, shapes + params + buffers + buffers)}
+        assert doc["unseen"] == {}
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}
         # outside: the warm-up step's, and the script's full_tensor() of every parameter at the end (functional

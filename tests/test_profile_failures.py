@@ -106,3 +106,14 @@ def test_injected_faults_work_under_profile(tmp_path, fault, code, said):
                     env=env_for_tests(COMMPROF_FAULT=fault))
     assert proc.returncode == code, proc.stderr[-3000:]
     assert one_line(proc).startswith(said)
+
+
+def test_ranks_with_different_models_fail_ddps_own_check(tmp_path):
+    # DDP's constructor checks every rank's parameter shapes against rank 0's; profile makes that check
+    # through Comm (comm/ddp_reducer.py), and a mismatch still fails the rank with torch's error
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--", DDP, "--mismatch")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback (most recent call last)") == 1
+    said = ("RuntimeError: [1]: params[0] in this process with sizes [48, 32] appears not to match sizes of the "
+            "same param in process 0.")
+    assert said in proc.stderr, proc.stderr[-3000:]

@@ -1,22 +1,26 @@
-"""DistributedDataParallel's traffic through Comm: its reducer's bucket all-reduces and its coalesced
-broadcasts (the parameters and buffers at construction, the buffers before every forward), which its C++
-code would otherwise send where nothing sees them.
+"""DistributedDataParallel's traffic through Comm: its reducer's bucket all-reduces, its coalesced broadcasts
+(the parameters and buffers at construction, the buffers before every forward) and its constructor's shape
+check, which its C++ code would otherwise send where nothing sees them.
 
     ddp_reducer.install(interposer)   # every DDP built from now on: buckets and broadcasts through the
                                       # Comm of its process group
 
 DDP's C++ reducer is handed a process group of its own whose backend is `Routed`: the reducer's
 all-reduces (each bucket's, and the unused-parameter bitmap of `find_unused_parameters`) go through the Comm
-of DDP's process group, timed, counted and NVTX-wrapped; whatever else it asks (the bucket order it
-broadcasts once, after the first iteration) goes straight to the group's own backend. DDP keeps its own
+of DDP's process group, timed, counted and NVTX-wrapped; whatever else it asks goes straight to the group's
+own backend: the bucket order it broadcasts from rank 0 once, at the second step's forward (two int32 tensors,
+a few hundred bytes), stays unseen, so that a step's volume is the steady state's. DDP keeps its own
 arithmetic and schedule: with no comm hook, the reducer still divides each gradient by the world size while
 copying it into its bucket (a comm hook gets the bucket undivided and must make one more pass over it: 3 %
 of a ResNet-18 step on 2 CPU ranks) and starts each bucket's all-reduce from its autograd hook as before. A
 comm hook the script registers replaces the reducer's all-reduce; its collectives, made through
 `torch.distributed`, are interposed anyway. `torch.distributed._broadcast_coalesced`, which DDP (and FSDP's
 sync_module_states) call from Python, is rebound: each run of tensors torch's would coalesce — one dtype, at
-most the bucket's bytes — is one flat broadcast through Comm. The shape check of DDP's constructor (a
-broadcast of shapes from rank 0) stays in C++: not seen. Exercised by: `pytest tests/test_profile_cli.py -k ddp`.
+most the bucket's bytes — is one flat broadcast through Comm. The shape check of DDP's constructor
+(`torch.distributed._verify_params_across_processes`: an all_gather of parameter counts, a broadcast of rank
+0's sizes and strides) is made here as torch's C++ makes it, through Comm.
+
+Exercised by: `pytest tests/test_profile_cli.py -k ddp`.
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ def install(interposer) -> None:
     """Patch DDP so each instance routes its traffic through `interposer`'s Comms."""
     if _SAVED:
         return
-    _SAVED.update(reducer=dist.Reducer, broadcast=dist._broadcast_coalesced)
+    _SAVED.update(reducer=dist.Reducer, broadcast=dist._broadcast_coalesced,
+                  verify=dist._verify_params_across_processes)
 
     class Reducer(_SAVED["reducer"]):
         def __init__(self, params, buckets, limits, process_group, *rest, **kwargs):
@@ -113,8 +118,40 @@ def install(interposer) -> None:
             for t, piece in zip(chunk, flat.split([t.numel() for t in chunk])):
                 t.detach().copy_(piece.view(t.shape))
 
+    def verify_params(process_group, tensors, logger=None):
+        if not tensors:
+            return _SAVED["verify"](process_group, tensors, logger)
+        return _verify_params(interposer.comm(process_group), list(tensors))
+
     dist.Reducer = Reducer
     dist._broadcast_coalesced = broadcast_coalesced
+    dist._verify_params_across_processes = verify_params
+
+
+def _verify_params(comm, params: list) -> None:
+    """DDP's check that every rank holds rank 0's model, as torch's C++ makes it, through `comm`: an
+    all_gather of each rank's parameter count, then a broadcast of rank 0's sizes and strides (one int64 each),
+    which every rank compares with its own; a mismatch raises torch's RuntimeError, in torch's words."""
+    device = params[0].device
+    counts = torch.empty(comm.world_size, dtype=torch.long, device=device)
+    comm.all_gather(counts, torch.tensor([len(params)], dtype=torch.long, device=device))
+    for rank, count in enumerate(counts.tolist()):
+        if count != len(params):
+            raise RuntimeError(f"DDP expects same model across all ranks, but Rank {comm.rank} has {len(params)} "
+                               f"params, while rank {rank} has inconsistent {count} params.")
+    mine = [v for t in params for v in (*t.shape, *t.stride())]
+    if not mine:  # every parameter a scalar: nothing to compare
+        return
+    theirs = torch.tensor(mine, dtype=torch.long, device=device)
+    comm.broadcast(theirs, src=0)
+    theirs, at = theirs.tolist(), 0
+    for p, t in enumerate(params):
+        n = t.dim()
+        for what, start in (("sizes", at), ("strides", at + n)):
+            if theirs[start:start + n] != mine[start:start + n]:
+                raise RuntimeError(f"[{comm.rank}]: params[{p}] in this process with sizes {list(t.shape)} appears "
+                                   f"not to match {what} of the same param in process 0.")
+        at += 2 * n
 
 
 def _chunks(tensors: list, limit: int) -> list[list]:
@@ -133,4 +170,5 @@ def uninstall() -> None:
     if _SAVED:
         dist.Reducer = _SAVED["reducer"]
         dist._broadcast_coalesced = _SAVED["broadcast"]
+        dist._verify_params_across_processes = _SAVED["verify"]
         _SAVED.clear()

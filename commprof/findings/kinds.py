@@ -171,6 +171,7 @@ def _latency_bound(m: Measured, a: Analysis) -> list[dict]:
                      evidence={"ops_per_step": len(small) / a.iterations, "n_half_bytes": half,
                                "alpha_us": line.alpha_s * 1e6, "bandwidth_GBps": line.as_record()["bandwidth_GBps"],
                                "ms_per_step_in_them": in_them, "fused_ms": fused_ms,
+                               "fused_runs_per_step": len(bus_bytes) / a.iterations,
                                "fusing_saves_ms": max(0.0, in_them - fused_ms)})]
 
 

@@ -18,6 +18,7 @@ p.add_argument("--find-unused", action="store_true", help="find_unused_parameter
 p.add_argument("--misbehave", choices=["barrier", "all_reduce", "raise"],
                help="rank 1 at step --at: an extra barrier, an extra all_reduce of 4 floats, or an exception")
 p.add_argument("--at", type=int, default=0, help="the step rank 1 misbehaves at")
+p.add_argument("--mismatch", action="store_true", help="rank 1's hidden layer narrower: DDP refuses the model")
 p.add_argument("--seed-by-rank", action="store_true",
                help="each rank its own initial parameters: DDP's construction broadcasts rank 0's")
 args = p.parse_args()
@@ -25,8 +26,9 @@ args = p.parse_args()
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(rank if args.seed_by_rank else 0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(),
-                            torch.nn.Linear(64, 10))
+hidden = 48 if args.mismatch and rank == 1 else 64
+model = torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.BatchNorm1d(hidden), torch.nn.ReLU(),
+                            torch.nn.Linear(hidden, 10))
 ddp = DDP(model, bucket_cap_mb=args.bucket_mb, find_unused_parameters=args.find_unused)
 if args.hook:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -1,6 +1,6 @@
 """What interposition costs per op: a script's `dist.all_reduce` routed through Comm (commprof/comm/
 interpose.py: the wrapper, the group's Comm, Comm's timing, NVTX and op log) against torch's own
-`distributed_c10d.all_reduce`, side by side in the same processes.
+`distributed_c10d.all_reduce` (as commprof/comm/torch_own.py keeps it), side by side in the same processes.
 
 Every rank runs both in alternating blocks of N in-place 8-byte all_reduces (the op where the cost shows
 most; rounds alternate which goes first), each block timed as a whole after a barrier; extra = the median
@@ -50,9 +50,9 @@ def worker(rounds: int, iters: int) -> None:
 
     import torch
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     from commprof.comm import interpose
+    from commprof.comm.torch_own import c10d  # torch's own functions, whatever install() rebinds
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder
 
@@ -105,7 +105,7 @@ def worker(rounds: int, iters: int) -> None:
 
 def turns(path_ns: float, count: int) -> dict[str, list[float]]:
     """Call by call, inside one loop: torch's own all_reduce, the interposed one (torch.distributed is
-    interposed; distributed_c10d's stays torch's), a control — torch's call followed by `path_ns` of busy
+    interposed; torch_own's are torch's), a control — torch's call followed by `path_ns` of busy
     Python, what the interposition's own time does to the next call —, the world Comm's all_reduce and the
     bare ProcessGroup call. Each turn runs every arm once, the orders in sequence (the same on every rank);
     each call timed alone. Returns each arm's per-call µs."""
@@ -114,9 +114,9 @@ def turns(path_ns: float, count: int) -> dict[str, list[float]]:
 
     import torch
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     from commprof.comm import interpose
+    from commprof.comm.torch_own import c10d  # torch's own functions, whatever install() rebinds
 
     t, now = torch.zeros(2), time.perf_counter_ns
 

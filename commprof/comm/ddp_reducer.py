@@ -158,11 +158,15 @@ def _chunks(tensors: list, limit: int) -> list[list]:
     """`tensors` as torch's coalesced broadcast cuts them: by dtype and device, in order, each run at most
     `limit` bytes (a larger tensor alone)."""
     runs: dict[tuple, list[list]] = {}
+    held: dict[tuple, int] = {}  # bytes in each kind's last run
     for t in tensors:
-        kind = runs.setdefault((t.dtype, t.device), [[]])
-        if kind[-1] and sum(x.nbytes for x in kind[-1]) + t.nbytes > limit:
+        key, nbytes = (t.dtype, t.device), t.nbytes
+        kind = runs.setdefault(key, [[]])
+        if kind[-1] and held[key] + nbytes > limit:
             kind.append([])
+            held[key] = 0
         kind[-1].append(t)
+        held[key] = held.get(key, 0) + nbytes
     return [run for kind in runs.values() for run in kind if run]
 
 

@@ -87,8 +87,10 @@ def main() -> None:
                 edges = forward(phases, compute_ms)
                 before_wait = time.perf_counter_ns()
                 handle.wait()
-                # comm − exposed is the time from the op's issue to the wait's start: bracketed by these
+                # comm − exposed is the time from the op's issue to the wait's start: bracketed by these;
+                # the op starts before the phase does, by at most issue_to_phase_max
                 gaps = {"issued_ms": (after_issue - began) / MS,
+                        "issue_to_phase_max_ms": (edges[0] - before_issue) / MS,
                         "issue_to_wait_min_ms": (before_wait - after_issue) / MS,
                         "issue_to_wait_max_ms": (before_wait - before_issue) / MS,
                         "wake_late_ms": wake_late(compute_ms, join_ms)}
@@ -104,7 +106,8 @@ def main() -> None:
                               "join_ms": (joined - began) / MS, "forward_min_ms": (inside_1 - inside_0) / MS,
                               "forward_max_ms": (outside_1 - outside_0) / MS,
                               "forward_end_ms": (outside_1 - began) / MS,
-                              "comm_minus_exposed_ms": (split.comm_ns - split.exposed_comm_ns) / MS, **gaps,
+                              "comm_minus_exposed_ms": (split.comm_ns - split.exposed_comm_ns) / MS,
+                              "comm_outside_compute_ms": (split.comm_ns - split.overlap_ns) / MS, **gaps,
                               **{k.replace("_ns", "_ms"): v / MS for k, v in split._asdict().items()
                                  if isinstance(v, int)}}), flush=True)
     comm.control_barrier()

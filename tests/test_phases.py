@@ -117,8 +117,11 @@ def test_calibrated_async_comm_hidden_behind_compute(calibrated):
     c = calibrated["overlap"]  # issued at 0, joined at ~80 ms, compute 150 ms: all hidden
     assert c["forward_min_ms"] >= 150 and forward_measured(c), c
     assert hidden_until_join(c), c
-    assert abs(c["overlap_ms"] - c["comm_ms"]) < 1.0, c
-    assert c["exposed_comm_ms"] < 3.0, c
+    # all of the op but the stretch from its issue to the phase's start (µs when idle; a busy machine may
+    # pause the rank there for ms) lies inside the compute, and only that stretch is exposed. Held per
+    # repeat: the medians keep the order
+    assert c["comm_outside_compute_ms"] <= c["issue_to_phase_max_ms"] + 0.5, c
+    assert c["exposed_comm_ms"] <= c["issue_to_phase_max_ms"] + 0.5, c
 
 
 def test_calibrated_async_comm_partly_exposed(calibrated):

@@ -246,7 +246,7 @@ def test_run_across_two_hosts_of_two_ranks(hosts, tmp_path, strategy):
 def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
     out = tmp_path / "b.json"
     argv = [*torchrun(2, 29413), "-m", "commprof", "bench", "all_reduce", "--groups", "intra,inter", "-b", "4M",
-            "-e", "4M", "-n", "3", "-w", "1", "--backend", "gloo", "--json", str(out)]
+            "-e", "4M", "-n", "6", "-w", "1", "--backend", "gloo", "--json", str(out)]
     with control() as seen:
         proc = on_hosts([(h, argv, {}) for h in HOSTS])
     doc = bench_json(proc, out)
@@ -256,7 +256,9 @@ def test_intra_and_inter_host_levels_measured_apart(hosts, tmp_path):
     assert all(r["wrong"] == 0 for r in doc["results"])
     # two pairs cross the hosts at once, both through each host's one link: the pair that ends last has
     # waited for both pairs' bytes (half of what the link delivers each, however TCP shared it on the
-    # way); within a host nothing is shaped
+    # way); within a host nothing is shaped. Two rings through one tbf now and then leave the link idle
+    # for a while after a burst of drops (no timeout: fast retransmits, 10-80 of them per run): over 3
+    # iterations that once cost 21 % of the mean, over 6 the lowest of 10 runs was 0.94 of the control
     print(f"control {[round(c, 5) for c in seen]} GB/s, inter {inter['group_busbw_GBps']}, "
           f"intra {intra['group_busbw_GBps']}")
     assert held_to(min(inter["group_busbw_GBps"]), seen, scale=0.5), (inter, seen)

@@ -175,8 +175,7 @@ def alternating(tmp: Path, backend: str, nproc: int, delay: float, steps: list[s
     ratios, controls = [], []
     for i in range(1, len(walls) - 1):
         if delayed[i] and not (delayed[i - 1] or delayed[i + 1]):
-            without = whatif.step_without(replace(m, iterations=(m.iterations[i],)), analysis,
-                                          edit=whatif.busy_as_median(1))
+            without = whatif.without_straggler(replace(m, iterations=(m.iterations[i],)), analysis, 1)
             ratios.append(without / statistics.fmean([walls[i - 1], walls[i + 1]]))
         elif 2 <= i < len(walls) - 2 and not (delayed[i] or delayed[i - 2] or delayed[i + 2]):
             controls.append(walls[i] / statistics.fmean([walls[i - 2], walls[i + 2]]))

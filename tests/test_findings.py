@@ -324,3 +324,22 @@ def test_fusing_small_ops_replays_them_as_one_op_at_the_last_and_drops_their_syn
     # fused: one sync point after each rank's own 5 ms, one op of 300 bytes by the model, the big op untouched
     assert step == pytest.approx(5 + 0.8 + 4)
     assert [s[1].nbytes for s in edit(programs)[0].steps if s[0] == "issue"] == [300, 10**6]
+
+
+def test_ops_a_straggler_made_late_cost_their_aligned_transfer_without_it():
+    from commprof.findings import whatif
+    from commprof.findings.arrivals import Analysis, Arrival
+    from commprof.predict.timeline import Op
+
+    def arrival(k, nbytes, last, spread, transfer):
+        op = Op(key=("world", (0, 1), "all_reduce", k), name="all_reduce", label="world", members=(0, 1),
+                nbytes=nbytes, measured_ms=spread + transfer)
+        return Arrival(op=op, parties=(0, 1), last=last, spread_ms=spread, transfer_ms=transfer)
+    # 1 MiB: met together twice (3.0, 3.4 ms); rank 1 late by 20 ms once, when it took 2.6 ms after arriving,
+    # and rank 0 late once; a size never met together keeps its own
+    ops = [arrival(0, 1 << 20, 0, 0.1, 3.0), arrival(1, 1 << 20, 1, 0.2, 3.4), arrival(2, 1 << 20, 1, 20.0, 2.6),
+           arrival(3, 1 << 20, 0, 20.0, 2.0), arrival(4, 1 << 19, 1, 20.0, 1.9), arrival(5, 1 << 20, 1, 20.0, 3.9)]
+    a = Analysis(iterations=1, step_ms=30.0, arrivals=tuple(ops), per_iteration=(), ranks=(), exposed_by_op={})
+    cost = whatif.aligned_costs(a, late=1)
+    assert [cost(x.op) for x in ops] == pytest.approx([3.0, 3.4, 3.2, 2.0, 1.9, 3.9])
+    assert [whatif.measured_costs(a)(x.op) for x in ops] == [x.transfer_ms for x in ops]

@@ -97,7 +97,7 @@ def _stragglers(m: Measured, a: Analysis, threshold: float) -> list[dict]:
                     "busy_ms": s.busy_ms, "others_busy_ms": median(r.busy_ms for r in a.ranks if r.rank != s.rank),
                     "spread_ms_median": median(x.spread_ms for x in met if x.last == s.rank),
                     "ms_per_step_ci95": median_ci(costs)}
-        without = whatif.step_without(m, a, edit=whatif.busy_as_median(s.rank))
+        without = whatif.without_straggler(m, a, s.rank)
         out.append(_finding("straggler", a, median(costs), without, rank=s.rank, evidence=evidence))
     return out
 

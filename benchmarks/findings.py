@@ -131,6 +131,7 @@ def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: l
             "cost_over_delay": None if found is None else found["ms_per_step"] / delay,
             "without_over_balanced": None if without is None else without / mid,
             "without_over_neighbours": None if without is None else without / statistics.fmean(neighbours),
+            "without_lower_bound": None if found is None else found.get("step_without_lower_bound"),
             "step_ms": doc["trace_step_ms"], "balanced_step_ms": mid, "balanced_steps_ms": balanced,
             "balanced_min_over_median": min(balanced) / mid, "balanced_max_over_median": max(balanced) / mid}
 
@@ -181,6 +182,7 @@ def alternating(tmp: Path, backend: str, nproc: int, delay: float, steps: list[s
             controls.append(walls[i] / statistics.fmean([walls[i - 2], walls[i + 2]]))
     row = {"case": "straggler_alternating", "backend": backend, "nproc": nproc, "delay_ms": delay,
            "delayed_iterations": sum(delayed), "iterations": len(walls), "pairs": len(ratios),
+           "late_ops_priced_aligned": whatif.priced_aligned(analysis, 1),
            "without_over_neighbours": statistics.median(ratios) if ratios else None,
            "without_over_neighbours_ci95": median_ci(ratios) if len(ratios) > 2 else None,
            "balanced_over_neighbours": statistics.median(controls) if controls else None,

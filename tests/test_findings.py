@@ -93,6 +93,9 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
     # the machine), benchmarks/findings.py holds it to 15 % at D = 5, 20, 50 ms
     step = timeline.load(str(jobs["slowed"][2])).measured_wall_ms
     assert near_delay(top, DELAY_MS, step - top["step_ms_without"]), (top, step)
+    # late at every step, its ops never met together: their aligned transfer unknown, a lower bound, said so
+    assert top["evidence"]["late_ops_priced_aligned"] == 0 and top["step_without_lower_bound"], top
+    assert f"step without it ≥ {top['step_ms_without']:.1f} ms" in " ".join(proc.stdout.split()), proc.stdout[:2000]
     # printed first, before the tables
     assert proc.stdout.index("straggler") < proc.stdout.index("commprof profile"), proc.stdout[:2000]
 
@@ -343,3 +346,5 @@ def test_ops_a_straggler_made_late_cost_their_aligned_transfer_without_it():
     cost = whatif.aligned_costs(a, late=1)
     assert [cost(x.op) for x in ops] == pytest.approx([3.0, 3.4, 3.2, 2.0, 1.9, 3.9])
     assert [whatif.measured_costs(a)(x.op) for x in ops] == [x.transfer_ms for x in ops]
+    # of the three ops rank 1 made late, the 512 KiB one has no aligned instance: a lower bound
+    assert whatif.priced_aligned(a, 1) == pytest.approx(2 / 3) and whatif.priced_aligned(a, 2) == 1.0

@@ -96,9 +96,11 @@ def _stragglers(m: Measured, a: Analysis, threshold: float) -> list[dict]:
                     "peers_wait_ms": {r.rank: r.waiting_ms.get(s.rank, 0.0) for r in a.ranks if r.rank != s.rank},
                     "busy_ms": s.busy_ms, "others_busy_ms": median(r.busy_ms for r in a.ranks if r.rank != s.rank),
                     "spread_ms_median": median(x.spread_ms for x in met if x.last == s.rank),
-                    "ms_per_step_ci95": median_ci(costs)}
+                    "ms_per_step_ci95": median_ci(costs),
+                    "late_ops_priced_aligned": whatif.priced_aligned(a, s.rank)}
         without = whatif.without_straggler(m, a, s.rank)
-        out.append(_finding("straggler", a, median(costs), without, rank=s.rank, evidence=evidence))
+        out.append(_finding("straggler", a, median(costs), without, rank=s.rank, evidence=evidence,
+                            step_without_lower_bound=evidence["late_ops_priced_aligned"] < 1.0))
     return out
 
 

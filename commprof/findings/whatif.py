@@ -32,6 +32,25 @@ ALIGNED = 0.25
 """An op's parties met together when its arrival spread is at most this share of its transfer."""
 
 
+def _late(analysis: Analysis, late: int) -> tuple[dict, list]:
+    """({(name, group label, bytes): transfers of that op's instances whose parties met together}, the
+    arrivals `late` came last at, beyond ALIGNED of their transfer)."""
+    met: dict[tuple, list[float]] = {}
+    for a in analysis.arrivals:
+        if a.spread_ms <= ALIGNED * a.transfer_ms:
+            met.setdefault((a.op.name, a.op.label, a.op.nbytes), []).append(a.transfer_ms)
+    return met, [a for a in analysis.arrivals if a.last == late and a.spread_ms > ALIGNED * a.transfer_ms]
+
+
+def priced_aligned(analysis: Analysis, late: int) -> float:
+    """The share of the ops `late` made late that aligned_costs can price (1.0 when there are none): below
+    1, the step without `late` is a lower bound."""
+    met, made_late = _late(analysis, late)
+    if not made_late:
+        return 1.0
+    return sum((a.op.name, a.op.label, a.op.nbytes) in met for a in made_late) / len(made_late)
+
+
 def aligned_costs(analysis: Analysis, late: int) -> Callable[[Op], float]:
     """Costs with `late`'s lateness gone: an op it arrived last at, by more than ALIGNED of the transfer,
     costs what the same op (name, group, bytes) took in the instances whose parties met together — the
@@ -39,15 +58,11 @@ def aligned_costs(analysis: Analysis, late: int) -> Callable[[Op], float]:
     way when it arrives (a socket's buffer holds megabytes), so its transfer after the last arrival is short
     of what the op takes aligned: measured at 2 gloo ranks, 2.6 against 3.2 ms for 1 MiB. An op that never met
     aligned keeps its own (the step without is then a lower bound)."""
-    took = {a.op.key: a.transfer_ms for a in analysis.arrivals}
-    met: dict[tuple, list[float]] = {}
-    for a in analysis.arrivals:
-        if a.spread_ms <= ALIGNED * a.transfer_ms:
-            met.setdefault((a.op.name, a.op.label, a.op.nbytes), []).append(a.transfer_ms)
-    out = dict(took)
-    for a in analysis.arrivals:
+    out = {a.op.key: a.transfer_ms for a in analysis.arrivals}
+    met, made_late = _late(analysis, late)
+    for a in made_late:
         aligned = met.get((a.op.name, a.op.label, a.op.nbytes))
-        if a.last == late and aligned and a.spread_ms > ALIGNED * a.transfer_ms:
+        if aligned:
             out[a.op.key] = max(a.transfer_ms, median(aligned))
     return lambda op: out.get(op.key, op.measured_ms)
 

@@ -27,7 +27,8 @@ def findings_text(block: dict | None) -> Text | None:
     out = Text(f"findings, costliest first (each above {pct} of the step){scope}:\n", style="bold")
     for f in block["items"]:
         out.append(f"  {f['kind']:<14}", style="bold")
-        out.append(f"{_what(f)}; step without it {f['step_ms_without']:.1f} ms\n")
+        at_least = "≥ " if f.get("step_without_lower_bound") else ""
+        out.append(f"{_what(f)}; step without it {at_least}{f['step_ms_without']:.1f} ms\n")
     out.rstrip()
     return out
 

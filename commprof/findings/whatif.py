@@ -3,7 +3,8 @@ rank count) once as measured and once edited, each op costing the transfer time 
 parties were there, and each rank starting when it started (the replay's ranks otherwise start together).
 Per iteration, the step without the cause is the measured step less what the edit saved in the replay; the
 figure is the median over iterations. Taking the difference keeps what the replay does not model (the
-runtime's own overheads) out of the answer.
+runtime's own overheads) out of the answer. Without a straggler, the ops it made late cost what the same ops
+took where their parties met together (aligned_costs); where none did, the step without is a lower bound.
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py     (each finding's "step_ms_without")
 

@@ -24,7 +24,7 @@ import sys
 import time
 from contextlib import contextmanager
 
-from commprof import job
+from commprof import job, streams
 from commprof.errors import PeerError
 
 SLACK_S = 2.0
@@ -98,3 +98,4 @@ def _say(message: str, rank: int) -> None:
     if job.claim(PeerError.exit_code, message, rank):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
+        streams.drain()  # read before the kill that follows ends the job

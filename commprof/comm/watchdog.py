@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from commprof import job
+from commprof import job, streams
 from commprof.comm import flight
 from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 
@@ -243,6 +243,7 @@ def _abort_mpi(code: int) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
+    streams.drain()  # the line this rank said, read before the abort tears the job down
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         mpi.COMM_WORLD.Abort(code)

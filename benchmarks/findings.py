@@ -3,7 +3,9 @@
 - tests/scripts/straggler_train.py, rank 1 sleeping D ms before every backward, D = 5, 20, 50, beside the
   same job with D = 0 run before each delayed job and after the last: the straggler found, its cost per step
   over D, and its step without the delay over the balanced runs' median step (and over the mean of the two
-  run beside it in time), with the balanced runs' own spread — one balanced run alone varies ~10 % here;
+  run beside it in time), with the balanced runs' own spread — one balanced run alone varies ~10 % here.
+  These jobs run with --warmup 4: warm-up iterations 1-3 are aligned (commprof/comm/aligned.py), and their
+  ops price the ones the straggler made late;
 - tests/scripts/per_param_train.py, every gradient all-reduced on its own, beside the same script fusing
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
   per-parameter step less the fused one);
@@ -40,17 +42,20 @@ SCRIPTS = ROOT / "tests" / "scripts"
 QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
 """--quick: one delay, one backend, 8 steps."""
 TIMEOUT_S = 600
+ALIGNED_WARMUP = 4
+"""--warmup of the straggler jobs and their balanced controls: iterations 1-3 aligned (commprof/comm/aligned.py),
+which price the ops a straggler late at every step made late."""
 
 
 def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str, fault: str = "",
-             bind: bool = False) -> dict:
+             bind: bool = False, warmup: int = 1) -> dict:
     """The JSON of `commprof profile --trace` of tests/scripts/SCRIPT (under COMMPROF_FAULT=fault), with the
     step of its own trace and its clock alignment."""
     sys.path.insert(0, str(ROOT))
     from commprof.predict import timeline
 
     out = tmp / f"{name}.json"
-    flags = ["--nproc", str(nproc), "--backend", backend, *(["--bind-cores"] if bind else [])]
+    flags = ["--nproc", str(nproc), "--backend", backend, "--warmup", str(warmup), *(["--bind-cores"] if bind else [])]
     job([sys.executable, "-m", "commprof", "profile", *flags, "--trace", str(tmp / name), "--json", str(out), "--",
          str(SCRIPTS / script), *args],
         env=with_root({**os.environ, "COMMPROF_FAULT": fault}), timeout_s=TIMEOUT_S, what=f"findings: {name}")
@@ -83,13 +88,13 @@ def main() -> None:
             # delay is held against the balanced runs beside it in time, and against all of them
             delays = list(map(float, args.delays.split(",")))
             balanced = [profiled(tmp, f"{backend}-d0-0", backend, args.nproc, "straggler_train.py", *steps,
-                                 bind=args.bind_cores)]
+                                 bind=args.bind_cores, warmup=ALIGNED_WARMUP)]
             delayed = []
             for k, delay in enumerate(delays):
                 delayed.append(profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py",
-                                        *steps, "--delay-ms", str(delay), bind=args.bind_cores))
+                                        *steps, "--delay-ms", str(delay), bind=args.bind_cores, warmup=ALIGNED_WARMUP))
                 balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc, "straggler_train.py",
-                                         *steps, bind=args.bind_cores))
+                                         *steps, bind=args.bind_cores, warmup=ALIGNED_WARMUP))
             steps_ms = [b["trace_step_ms"] for b in balanced]
             for k, (delay, doc) in enumerate(zip(delays, delayed)):
                 rows.append(straggler_row(doc, delay, backend, args.nproc, steps_ms, steps_ms[k:k + 2]))
@@ -132,6 +137,7 @@ def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: l
             "without_over_balanced": None if without is None else without / mid,
             "without_over_neighbours": None if without is None else without / statistics.fmean(neighbours),
             "without_lower_bound": None if found is None else found.get("step_without_lower_bound"),
+            "late_ops_priced_aligned": None if found is None else found["evidence"].get("late_ops_priced_aligned"),
             "step_ms": doc["trace_step_ms"], "balanced_step_ms": mid, "balanced_steps_ms": balanced,
             "balanced_min_over_median": min(balanced) / mid, "balanced_max_over_median": max(balanced) / mid}
 

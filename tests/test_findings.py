@@ -100,6 +100,33 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
     assert proc.stdout.index("straggler") < proc.stdout.index("commprof profile"), proc.stdout[:2000]
 
 
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path, backend):
+    # --warmup 4: iterations 1-3 aligned (comm/aligned.py), where each all-reduce's parties meet before it
+    # although rank 1 still sleeps DELAY_MS first; their ops price the late ones, so the step without it is
+    # no longer only a lower bound (the warm-up-1 job of `jobs` is)
+    proc = commprof("profile", "--nproc", "2", "--backend", backend, "--warmup", "4", "--trace", str(tmp_path / "t"),
+                    "--json", str(tmp_path / "p.json"), "--", SCRIPT, "--steps", "10", "--delay-ms", str(DELAY_MS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert (doc["steps"]["found"], doc["steps"]["measured"]) == (10, 6), doc["steps"]
+    names = {e["name"] for e in json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
+             if e.get("cat") == "iteration" and e.get("ph") == "X"}
+    assert {f"iteration {k} (aligned)" for k in (1, 2, 3)} <= names and "iteration 0 (aligned)" not in names, names
+    m = timeline.load(str(tmp_path / "t"))
+    a = analyze(m)
+    assert len(m.aligned) == 3 and len(m.iterations) == 6 and all(len(p) == 2 for p in m.aligned), m.aligned
+    # the same two bucket all-reduces a step; met together there, DELAY_MS apart in the measured ones
+    assert sorted({x.op.nbytes for x in a.aligned}) == sorted({x.op.nbytes for x in a.arrivals}), a.aligned
+    assert statistics.median(x.spread_ms for x in a.aligned) < DELAY_MS / 4, a.aligned
+    assert statistics.median(x.spread_ms for x in a.arrivals) > DELAY_MS / 2, a.arrivals
+    top = doc["findings"]["items"][0]
+    assert (top["kind"], top.get("rank")) == ("straggler", 1), doc["findings"]
+    priced = top["evidence"]["late_ops_priced_aligned"]
+    assert priced > 0 and top["step_without_lower_bound"] == (priced < 1), top
+    assert near_delay(top, DELAY_MS), top
+
+
 def test_a_balanced_job_names_no_straggler_or_imbalance(jobs):
     doc, proc, trace = jobs["balanced"]
     assert doc["findings"]["threshold"] == 0.03

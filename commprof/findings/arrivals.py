@@ -75,6 +75,8 @@ class Analysis:
     """Each rank's median split."""
     exposed_by_op: dict
     """{(op name, group label, bytes): transfer ms a step (the mean over iterations and ranks) of blocked time}."""
+    aligned: tuple[Arrival, ...] = ()
+    """Every op of the aligned iterations (comm/aligned.py) seen on all of its parties."""
 
 
 def parties(op: Op) -> tuple[int, ...]:
@@ -100,7 +102,8 @@ def analyze(m: Measured) -> Analysis:
     n = len(m.iterations)
     return Analysis(iterations=n, step_ms=m.measured_wall_ms, arrivals=tuple(arrivals),
                     per_iteration=tuple(per_iteration), ranks=ranks,
-                    exposed_by_op={k: v / n / size for k, v in exposed.items()})
+                    exposed_by_op={k: v / n / size for k, v in exposed.items()},
+                    aligned=tuple(a for programs in m.aligned for a, _ in _met(programs).values()))
 
 
 def blocked_by_cause(m: Measured):

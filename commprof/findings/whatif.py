@@ -4,7 +4,9 @@ parties were there, and each rank starting when it started (the replay's ranks o
 Per iteration, the step without the cause is the measured step less what the edit saved in the replay; the
 figure is the median over iterations. Taking the difference keeps what the replay does not model (the
 runtime's own overheads) out of the answer. Without a straggler, the ops it made late cost what the same ops
-took where their parties met together (aligned_costs); where none did, the step without is a lower bound.
+took where their parties met together (aligned_costs): in the measured iterations, or in the aligned warm-up
+iterations (comm/aligned.py), which a rank late at every step leaves as the only ones; where none did, the
+step without is a lower bound.
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py     (each finding's "step_ms_without")
 
@@ -34,10 +36,11 @@ ALIGNED = 0.25
 
 
 def _late(analysis: Analysis, late: int) -> tuple[dict, list]:
-    """({(name, group label, bytes): transfers of that op's instances whose parties met together}, the
-    arrivals `late` came last at, beyond ALIGNED of their transfer)."""
+    """({(name, group label, bytes): transfers of that op's instances whose parties met together, in the
+    measured iterations and the aligned one}, the arrivals `late` came last at, beyond ALIGNED of their
+    transfer)."""
     met: dict[tuple, list[float]] = {}
-    for a in analysis.arrivals:
+    for a in analysis.arrivals + analysis.aligned:
         if a.spread_ms <= ALIGNED * a.transfer_ms:
             met.setdefault((a.op.name, a.op.label, a.op.nbytes), []).append(a.transfer_ms)
     return met, [a for a in analysis.arrivals if a.last == late and a.spread_ms > ALIGNED * a.transfer_ms]

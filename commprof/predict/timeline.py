@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.measurement import ALIGNED
 from commprof.report.inputs import read_json, wrong_shape
 
 NOT_OURS = "neither a run JSON nor a commprof trace"
@@ -76,6 +77,8 @@ class Measured:
     """Per measured iteration, every rank's program."""
     measured_wall_ms: float
     """Median over those iterations of the slowest rank's iteration."""
+    aligned: tuple[tuple[Program, ...], ...] = ()
+    """Per aligned iteration (comm/aligned.py: the warm-up iterations after the first), every rank's program."""
 
 
 def load(path: str) -> Measured:
@@ -122,31 +125,38 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
                   for r in ranks)
     if ranks != list(range(len(ranks))) or not ranks:
         raise UsageError(f"{source}: the trace lacks ranks (it holds {ranks}): was the run cut short?")
-    per_rank = [_rank_programs(by_rank[r], r, len(ranks), source) for r in ranks]
+    found = [_rank_programs(by_rank[r], r, len(ranks), source) for r in ranks]
+    per_rank = [programs for programs, _ in found]
+    aligned = tuple(zip(*(a for _, a in found)))  # as many as every rank has
     count = min(len(p) for p in per_rank)
     if count == 0:
         raise UsageError(f"{source}: the trace holds no measured iteration (raise --steps above --warmup)")
     iterations = tuple(tuple(p[i] for p in per_rank) for i in range(count))
     walls = sorted(max(p.wall_ms for p in it) for it in iterations)
     return Measured(source=source, strategy=strategy, backend=backend, world_size=len(ranks), hosts=hosts,
-                    global_batch=global_batch, iterations=iterations, measured_wall_ms=walls[len(walls) // 2])
+                    global_batch=global_batch, iterations=iterations, measured_wall_ms=walls[len(walls) // 2],
+                    aligned=aligned)
 
 
-def _rank_programs(events: list[dict], rank: int, world_size: int, source: str) -> list[Program]:
+def _rank_programs(events: list[dict], rank: int, world_size: int,
+                   source: str) -> tuple[list[Program], list[Program]]:
+    """This rank's program of each measured iteration, and of each aligned one."""
     threads = {e["tid"]: e["args"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     training = next((t for t, a in threads.items() if a["name"] == "training"), None)
     spans = sorted((e for e in events if e.get("ph") == "X" and e.get("tid") == training), key=lambda e: e["ts"])
     measured = next((e for e in spans if e["name"] == "measured" and e.get("cat") == "iteration"), None)
     iterations = [e for e in spans if e.get("cat") == "iteration" and e["name"] != "measured"
-                  and (measured is None or e["ts"] >= measured["ts"])]
+                  and (measured is None or e["ts"] >= measured["ts"]) and not e["name"].endswith(ALIGNED)]
     ops = _ops(events, threads, rank, world_size, source)
     blocking = [e for e in spans if e.get("cat") in ("comm", "bubble", "wait")]
-    programs = []
-    for it in iterations:
+    aligned = [e for e in spans if e.get("cat") == "iteration" and e["name"].endswith(ALIGNED)]
+
+    def program(it: dict) -> Program:
         t0, t1 = it["ts"], it["ts"] + it["dur"]
         mine = [(start, end, op) for start, end, op in ops if t0 <= start <= t1]
-        programs.append(_program(rank, t0, t1, mine, [e for e in blocking if t0 <= e["ts"] <= t1]))
-    return programs
+        return _program(rank, t0, t1, mine, [e for e in blocking if t0 <= e["ts"] <= t1])
+
+    return [program(it) for it in iterations], [program(it) for it in aligned]
 
 
 def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, Op]]:

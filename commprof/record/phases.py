@@ -29,7 +29,8 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from commprof.measurement import BUBBLE_P2P
+from commprof.comm import aligned as comm_aligned
+from commprof.measurement import ALIGNED, BUBBLE_P2P
 from commprof.record.annotate import ANNOTATOR, phase_category
 from commprof.record.recorder import END, GROUP, HOST, NAME, START, restamped
 
@@ -149,6 +150,8 @@ class Phases:
         self._now = clock.now if self.cuda else time.perf_counter_ns
         self.spans: list[tuple] = []
         self._start = None
+        self.aligned = False
+        """The open iteration is the aligned one."""
         self._op_mark = 0
         self._wait_mark = 0
 
@@ -165,18 +168,25 @@ class Phases:
             self.spans.append((name, start, span.end if span.end is not None else self._now()))
             ANNOTATOR.pop()
 
-    def begin(self, index: int) -> None:
-        """Start iteration `index` (an NVTX range of category `iteration` around all of it)."""
+    def begin(self, index: int, *, aligned: bool = False) -> None:
+        """Start iteration `index` (an NVTX range of category `iteration` around all of it); `aligned`: with
+        every collective's parties met first (comm/aligned.py), until `end`."""
         self.spans = []
         self._op_mark = len(self.recorder.ops)
         self._wait_mark = len(self.recorder.waits)
-        ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}", "iteration"))
+        self.aligned = aligned
+        if aligned:
+            comm_aligned.start(self.recorder)
+        ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}{ALIGNED if aligned else ''}", "iteration"))
         self._start = self._now()
 
     def end(self) -> Breakdown:
         """End the iteration; every async op must have completed (its Handle waited on)."""
         end = self._now()
         ANNOTATOR.pop()
+        if self.aligned:
+            comm_aligned.stop(self.recorder)
+            self.aligned = False
         ops = self.recorder.ops[self._op_mark:]
         if not self.cuda:
             waits = self.recorder.waits[self._wait_mark:]

@@ -127,6 +127,20 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     assert near_delay(top, DELAY_MS), top
 
 
+def test_ranks_that_disagree_on_the_aligned_iterations_run_on(tmp_path):
+    # rank 1 counts one iteration more (--skew), so with --warmup 3 it aligns steps 0-1 and rank 0 steps 1-2:
+    # at step 0 rank 1 meets alone and at step 2 rank 0 does. Each gives up after half the --timeout and
+    # aligns nothing more in that iteration: no barrier meets a peer's all-reduce, the job ends well.
+    proc = commprof("profile", "--nproc", "2", "--warmup", "3", "--timeout", "4", "--trace", str(tmp_path / "t"),
+                    "--json", str(tmp_path / "p.json"), "--", SCRIPT, "--steps", "6", "--skew")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
+    rank_of = {e["pid"]: e["args"]["rank"] for e in events if e.get("name") == "clock_sync"}
+    aligned = {(rank_of[e["pid"]], e["name"]) for e in events if e.get("cat") == "iteration" and e.get("ph") == "X"
+               and e["name"].endswith("(aligned)")}
+    assert aligned == {(r, f"iteration {k} (aligned)") for r in (0, 1) for k in (1, 2)}, aligned
+
+
 def test_a_balanced_job_names_no_straggler_or_imbalance(jobs):
     doc, proc, trace = jobs["balanced"]
     assert doc["findings"]["threshold"] == 0.03

@@ -1,6 +1,7 @@
 """The control plane: a side channel between the ranks of one job that still works when the data plane is
-stuck — a torch.distributed TCPStore (rank 0 serves it from a thread of its own), spoken to only by the
-watchdog thread, never on the measured path.
+stuck — a torch.distributed TCPStore (rank 0 serves it from a thread of its own), spoken to by the watchdog
+thread, never on the measured path (and, in the aligned warm-up iterations, by the training thread over a
+client of its own: `meeting`).
 
 On gloo/NCCL it is a second client of the rendezvous store; on MPI rank 0 serves a new one and tells the
 others where over MPI, once, at start. Keys (all under `commprof/`):
@@ -10,6 +11,7 @@ others where over MPI, once, at start. Keys (all under `commprof/`):
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
   go             every rank acked: all exit now, together (the others wait on it, woken by the store)
   done/<rank>    a rank ended well and stopped watching (rank 0 waits for these before the store goes)
+  aligned/…      the meetings before each collective of an aligned iteration (comm/aligned.py)
 
 Every store call is bounded: a TCPStore call to a host that is stopped (SIGSTOP) or frozen blocks far past
 the store's own timeout — its kernel still accepts the bytes, nobody answers. Each call therefore runs on a
@@ -39,8 +41,11 @@ class Unreachable(Exception):
 class ControlPlane:
     """Claim, exchange snapshots and agree on a verdict, over a TCPStore client of this rank's own."""
 
-    def __init__(self, store, *, rank: int, world_size: int) -> None:
+    def __init__(self, store, *, rank: int, world_size: int, host: str | None = None) -> None:
         self._raw = store
+        self.host = host
+        """The store's address (None: not known, no meeting)."""
+        self._meeting: Meeting | None = None
         self.rank = rank
         self.world_size = world_size
         self.gone = False
@@ -53,7 +58,20 @@ class ControlPlane:
         from commprof.comm.store import open_store
 
         store = open_store(host, port, rank=rank, world_size=world_size, timeout_s=STORE_TIMEOUT_S, serve=serve)
-        return cls(store, rank=rank, world_size=world_size)
+        return cls(store, rank=rank, world_size=world_size, host=host)
+
+    def meeting(self) -> "Meeting | None":
+        """Meetings of ranks over a store client of this rank's own (a wait there must not hold the watchdog's
+        calls), made on first use; None when the store's address is not known or it cannot be reached."""
+        if self._meeting is None and self.host is not None and not self.gone:
+            from commprof.comm.store import open_store
+
+            try:
+                self._meeting = Meeting(open_store(self.host, self.port, rank=self.rank, world_size=self.world_size,
+                                                   timeout_s=STORE_TIMEOUT_S, serve=False))
+            except Exception:
+                self.host = None
+        return self._meeting
 
     @property
     def port(self) -> int:
@@ -131,6 +149,30 @@ class ControlPlane:
             keys = [k for k in keys if not self._store.check([k])]
             if keys:
                 time.sleep(0.02)
+
+
+class Meeting:
+    """Ranks agreeing to meet at a key of the store, within a bound: each adds itself; the last to come sets
+    the key's state to "go", a rank that waited past the bound to "closed" — whichever comes first
+    (compare-and-set), so every rank that came reads the same outcome."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def meet(self, key: str, size: int, *, within_s: float) -> bool:
+        """Whether all `size` ranks came to `key` (the same answer on every rank that came)."""
+        key = f"{PREFIX}aligned/{key}"
+        state = key + "/state"
+        try:
+            if self._store.add(key, 1) < size:
+                try:
+                    self._store.wait([state], timedelta(seconds=within_s))  # woken by the store, not a poll
+                except Exception:  # not all came in time: torch's DistStoreError
+                    pass
+                return self._store.compare_set(state, "", "closed") == b"go"
+            return self._store.compare_set(state, "", "go") == b"go"
+        except Exception:  # the store went with rank 0
+            return False
 
 
 class _Bounded:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm import torch_own
+from commprof.comm import aligned, torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
 from commprof.record.clock import CpuClock, CudaClock
@@ -131,6 +131,7 @@ class Interposer:
                                    device=device, clock=self.recorder.clock, recorder=self.recorder)
         comm.label = "world" if world else _label(ranks)
         comm.fault = self.fault
+        aligned.join(comm)  # a group first used inside an aligned iteration
         self._comms[id(pg)] = (pg, comm)
         return comm
 

@@ -127,7 +127,9 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
         raise UsageError(f"{source}: the trace lacks ranks (it holds {ranks}): was the run cut short?")
     found = [_rank_programs(by_rank[r], r, len(ranks), source) for r in ranks]
     per_rank = [programs for programs, _ in found]
-    aligned = tuple(zip(*(a for _, a in found)))  # as many as every rank has
+    # paired by name: a rank that counted its iterations differently pairs none wrongly
+    names = sorted(set.intersection(*(set(a) for _, a in found)), key=lambda n: int(n.split()[1]))
+    aligned = tuple(tuple(a[n] for _, a in found) for n in names)
     count = min(len(p) for p in per_rank)
     if count == 0:
         raise UsageError(f"{source}: the trace holds no measured iteration (raise --steps above --warmup)")
@@ -139,8 +141,8 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
 
 
 def _rank_programs(events: list[dict], rank: int, world_size: int,
-                   source: str) -> tuple[list[Program], list[Program]]:
-    """This rank's program of each measured iteration, and of each aligned one."""
+                   source: str) -> tuple[list[Program], dict[str, Program]]:
+    """This rank's program of each measured iteration, and of each aligned one by its name."""
     threads = {e["tid"]: e["args"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     training = next((t for t, a in threads.items() if a["name"] == "training"), None)
     spans = sorted((e for e in events if e.get("ph") == "X" and e.get("tid") == training), key=lambda e: e["ts"])
@@ -156,7 +158,7 @@ def _rank_programs(events: list[dict], rank: int, world_size: int,
         mine = [(start, end, op) for start, end, op in ops if t0 <= start <= t1]
         return _program(rank, t0, t1, mine, [e for e in blocking if t0 <= e["ts"] <= t1])
 
-    return [program(it) for it in iterations], [program(it) for it in aligned]
+    return [program(it) for it in iterations], {it["name"]: program(it) for it in aligned}
 
 
 def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, Op]]:

@@ -130,6 +130,7 @@ class Tracker:
             self.open = False
             if self.phases.aligned:  # the script stepped no further than its aligned iteration
                 comm_aligned.stop(self.recorder)
+                self.phases.aligned = False
         if self._measuring:
             ANNOTATOR.pop_unfinished(self._ended_ns)
             self._measuring = False

@@ -37,7 +37,7 @@ ALIGNED = 0.25
 
 def _late(analysis: Analysis, late: int) -> tuple[dict, list]:
     """({(name, group label, bytes): transfers of that op's instances whose parties met together, in the
-    measured iterations and the aligned one}, the arrivals `late` came last at, beyond ALIGNED of their
+    measured iterations and the aligned ones}, the arrivals `late` came last at, beyond ALIGNED of their
     transfer)."""
     met: dict[tuple, list[float]] = {}
     for a in analysis.arrivals + analysis.aligned:

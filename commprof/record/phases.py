@@ -151,7 +151,7 @@ class Phases:
         self.spans: list[tuple] = []
         self._start = None
         self.aligned = False
-        """The open iteration is the aligned one."""
+        """The open iteration is an aligned one."""
         self._op_mark = 0
         self._wait_mark = 0
 

@@ -4,7 +4,7 @@
   same job with D = 0 run before each delayed job and after the last: the straggler found, its cost per step
   over D, and its step without the delay over the balanced runs' median step (and over the mean of the two
   run beside it in time), with the balanced runs' own spread — one balanced run alone varies ~10 % here.
-  These jobs run with --warmup 4: warm-up iterations 1-3 are aligned (commprof/comm/aligned.py), and their
+  These jobs run with --warmup 4: warm-up iterations 1-3 are aligned (commprof/record/aligned.py), and their
   ops price the ones the straggler made late;
 - tests/scripts/per_param_train.py, every gradient all-reduced on its own, beside the same script fusing
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
@@ -43,7 +43,7 @@ QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
 """--quick: one delay, one backend, 8 steps."""
 TIMEOUT_S = 600
 ALIGNED_WARMUP = 4
-"""--warmup of the straggler jobs and their balanced controls: iterations 1-3 aligned (commprof/comm/aligned.py),
+"""--warmup of the straggler jobs and their balanced controls: iterations 1-3 aligned (commprof/record/aligned.py),
 which price the ops a straggler late at every step made late."""
 
 

@@ -10,12 +10,13 @@ A script run under `commprof profile` may mark its own iterations and phases: `c
 Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
 
   errors, world, measurement, stats,       what a job is, what every figure means and its statistics,
-  backends, flags, job, deadline           what each backend can run (named before any rank loads
+  backends, flags, job, deadline, streams  what each backend can run (named before any rank loads
                                            torch), the flags every job takes; a start-up deadline
-                                           that needs no interpreter
+                                           that needs no interpreter; a failing rank's last words
   report/                                  tables, atomic JSON/CSV, the env block, plots, comparisons,
                                            `commprof report`
-  record/                                  clocks, the op log, phases, volume, NVTX, traces
+  record/                                  clocks, the op log, phases (aligned ones too), volume, NVTX,
+                                           traces
   comm/                                    the only door to the network, and how a job fails
   data/, models/                           what is trained
   parallel/                                grids, partitions, flat buffers, precision, schedules

@@ -7,7 +7,7 @@ reaching into `commprof bench` or `commprof run`.
   wire_factor   bytes one rank sends per payload byte: the volume tables' wire bytes
   P2P           every point-to-point op name the op log holds (never a group's collective)
   BUBBLE_P2P    the point-to-point ops whose blocked time is pipeline bubble
-  ALIGNED       what the aligned iteration's name carries after "iteration N" (comm/aligned.py)
+  ALIGNED       what the aligned iteration's name carries after "iteration N" (record/aligned.py)
   SOURCES       the data source names `--data` takes
 
 Imports nothing from commprof. Exercised by: `pytest tests/test_units_stats.py tests/test_phases.py
@@ -70,7 +70,7 @@ category on a pipeline group is `bubble` (record/annotate.py). sendrecv is not a
 sendrecv row and the exchange steps of hand-written algorithms use it, and that time is communication."""
 
 ALIGNED = " (aligned)"
-"""A warm-up iteration after the first, each collective's parties met before it (comm/aligned.py): not
+"""A warm-up iteration after the first, each collective's parties met before it (record/aligned.py): not
 measured, its ops price the ones a straggler made late (findings/whatif.py)."""
 
 SOURCES = ("synthetic", "mnist", "cifar10", "cifar100", "text")

@@ -102,7 +102,7 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path, backend):
-    # --warmup 4: iterations 1-3 aligned (comm/aligned.py), where each all-reduce's parties meet before it
+    # --warmup 4: iterations 1-3 aligned (record/aligned.py), where each all-reduce's parties meet before it
     # although rank 1 still sleeps DELAY_MS first; their ops price the late ones, so the step without it is
     # no longer only a lower bound (the warm-up-1 job of `jobs` is)
     proc = commprof("profile", "--nproc", "2", "--backend", backend, "--warmup", "4", "--trace", str(tmp_path / "t"),

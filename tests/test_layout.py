@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
-    ("errors", "world", "measurement", "stats", "backends", "flags", "job", "deadline"),
+    ("errors", "world", "measurement", "stats", "backends", "flags", "job", "deadline", "streams"),
     ("report",),
     ("record",),
     ("comm",),

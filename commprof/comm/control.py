@@ -11,7 +11,7 @@ others where over MPI, once, at start. Keys (all under `commprof/`):
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
   go             every rank acked: all exit now, together (the others wait on it, woken by the store)
   done/<rank>    a rank ended well and stopped watching (rank 0 waits for these before the store goes)
-  aligned/…      the meetings before each collective of an aligned iteration (comm/aligned.py)
+  aligned/…      the meetings before each collective of an aligned iteration (record/aligned.py)
 
 Every store call is bounded: a TCPStore call to a host that is stopped (SIGSTOP) or frozen blocks far past
 the store's own timeout — its kernel still accepts the bytes, nobody answers. Each call therefore runs on a

@@ -41,9 +41,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm import aligned, torch_own
+from commprof.comm import torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
+from commprof.record import aligned
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.recorder import OpRecorder
 

@@ -76,7 +76,7 @@ class Analysis:
     exposed_by_op: dict
     """{(op name, group label, bytes): transfer ms a step (the mean over iterations and ranks) of blocked time}."""
     aligned: tuple[Arrival, ...] = ()
-    """Every op of the aligned iterations (comm/aligned.py) seen on all of its parties."""
+    """Every op of the aligned iterations (record/aligned.py) seen on all of its parties."""
 
 
 def parties(op: Op) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ Per iteration, the step without the cause is the measured step less what the edi
 figure is the median over iterations. Taking the difference keeps what the replay does not model (the
 runtime's own overheads) out of the answer. Without a straggler, the ops it made late cost what the same ops
 took where their parties met together (aligned_costs): in the measured iterations, or in the aligned warm-up
-iterations (comm/aligned.py), which a rank late at every step leaves as the only ones; where none did, the
+iterations (record/aligned.py), which a rank late at every step leaves as the only ones; where none did, the
 step without is a lower bound.
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py     (each finding's "step_ms_without")

@@ -78,7 +78,7 @@ class Measured:
     measured_wall_ms: float
     """Median over those iterations of the slowest rank's iteration."""
     aligned: tuple[tuple[Program, ...], ...] = ()
-    """Per aligned iteration (comm/aligned.py: the warm-up iterations after the first), every rank's program."""
+    """Per aligned iteration (record/aligned.py: the warm-up iterations after the first), every rank's program."""
 
 
 def load(path: str) -> Measured:

@@ -32,7 +32,7 @@ import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim
 
-from commprof.comm import aligned as comm_aligned
+from commprof.record import aligned as aligned_iterations
 from commprof.record.annotate import ANNOTATOR, MEASURED, phase_category
 from commprof.record.phases import Phases
 from commprof.record.recorder import END, GROUP, HOST, START
@@ -82,7 +82,7 @@ class Tracker:
         if self.index == self.warmup:
             ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
             self._measuring = True
-        self.phases.begin(self.index, aligned=0 < self.index < self.warmup)  # comm/aligned.py
+        self.phases.begin(self.index, aligned=0 < self.index < self.warmup)  # record/aligned.py
         self._started = time.perf_counter_ns()
         self.open = True
 
@@ -129,7 +129,7 @@ class Tracker:
             ANNOTATOR.pop_unfinished()
             self.open = False
             if self.phases.aligned:  # the script stepped no further than its aligned iteration
-                comm_aligned.stop(self.recorder)
+                aligned_iterations.stop(self.recorder)
                 self.phases.aligned = False
         if self._measuring:
             ANNOTATOR.pop_unfinished(self._ended_ns)

@@ -29,8 +29,8 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from commprof.comm import aligned as comm_aligned
 from commprof.measurement import ALIGNED, BUBBLE_P2P
+from commprof.record import aligned as aligned_iterations
 from commprof.record.annotate import ANNOTATOR, phase_category
 from commprof.record.recorder import END, GROUP, HOST, NAME, START, restamped
 
@@ -170,13 +170,13 @@ class Phases:
 
     def begin(self, index: int, *, aligned: bool = False) -> None:
         """Start iteration `index` (an NVTX range of category `iteration` around all of it); `aligned`: with
-        every collective's parties met first (comm/aligned.py), until `end`."""
+        every collective's parties met first (record/aligned.py), until `end`."""
         self.spans = []
         self._op_mark = len(self.recorder.ops)
         self._wait_mark = len(self.recorder.waits)
         self.aligned = aligned
         if aligned:
-            comm_aligned.start(self.recorder)
+            aligned_iterations.start(self.recorder)
         ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}{ALIGNED if aligned else ''}", "iteration"))
         self._start = self._now()
 
@@ -185,7 +185,7 @@ class Phases:
         end = self._now()
         ANNOTATOR.pop()
         if self.aligned:
-            comm_aligned.stop(self.recorder)
+            aligned_iterations.stop(self.recorder)
             self.aligned = False
         ops = self.recorder.ops[self._op_mark:]
         if not self.cuda:

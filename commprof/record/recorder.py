@@ -64,7 +64,7 @@ class OpRecorder:
         self.comms: list = []
         """Every Comm sharing this log (the world and its subgroups), for the watchdog and the recorder."""
         self.aligning = None
-        """While an aligned iteration runs, what its Comms align with (comm/aligned.py); None otherwise."""
+        """While an aligned iteration runs, what its Comms align with (record/aligned.py); None otherwise."""
 
     def mark(self) -> int:
         """Position to pass to `records(since=…)` later."""

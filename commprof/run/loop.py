@@ -94,7 +94,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
             if t == cfg.warmup:
                 ANNOTATOR.push(measured)
             epoch, step = divmod(t, spe)
-            phases.begin(t, aligned=0 < t < cfg.warmup)  # comm/aligned.py
+            phases.begin(t, aligned=0 < t < cfg.warmup)  # record/aligned.py
             with phases.phase("data"):
                 idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
                                      global_batch=global_batch)

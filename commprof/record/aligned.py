@@ -11,11 +11,11 @@ are all awake, within microseconds (the store's wake-ups differ by a millisecond
 in a barrier carries its wake-up into the op's transfer).
 
 Safe where ranks disagree: the meeting is keyed by the op's group and sequence number on the store, never
-on the group itself, and every rank that came reads the same outcome (control.py's Meeting), so the barrier
+on the group itself, and every rank that came reads the same outcome (comm/control.py's Meeting), so the barrier
 runs on all parties or on none. A rank aligning alone (a script whose ranks count iterations differently, an
 op one rank hands to torch) waits at most MEET_S once, then aligns nothing more in that iteration: it can
 slow the iteration, never pair a barrier with a peer's collective. The hook sits in the fault hook's slot
-(base.py's `_call`), which the hot path tests already: no cost outside these iterations. Point-to-point
+(comm/base.py's `_call`), which the hot path tests already: no cost outside these iterations. Point-to-point
 messages, and ops on a GPU (a host-side meeting does not align a stream), are left alone. In a trace each
 aligned iteration is named "iteration N (aligned)".
 

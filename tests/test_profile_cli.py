@@ -35,13 +35,13 @@ def test_every_call_of_a_plain_script_is_seen(tmp_path, launcher, nproc):
                         script_args=("--steps", "4", "--exit", "3"), code=3)
     for r in range(nproc):  # the script's own output, and its exit code (3), passed through
         assert f"script rank {r} of {nproc} finished" in proc.stdout
-    assert doc["steps"] == {"found": 4, "measured": 3, "warmup": 1, "per_epoch": 4}
+    assert doc["steps"] == {"found": 4, "measured": 2, "warmup": 2, "per_epoch": 4}
     assert volume(doc) == {"all_reduce": (1, 4000), "all_gather": (1, nproc * 1000),
                            "broadcast (ranks0-1)": (1, 400), "send": (1, 200), "recv": (1, 200)}
     assert doc["volume"]["all_reduce"]["wire_bytes_per_step"] == round(4000 * 2 * (nproc - 1) / nproc)
     assert doc["volume"]["send"]["bytes_per_epoch"] == 4 * 200
     assert doc["unseen"] == {}
-    assert len(doc["iterations"]) == nproc * 3
+    assert len(doc["iterations"]) == nproc * 2
     for it in doc["iterations"]:
         assert it["comm_ms"] > 0 and it["compute_ms"] > 0
         assert set(it["comm_by_group_ms"]) == ({"world", "ranks0-1"} if it["rank"] < 2 else {"world"})
@@ -69,17 +69,18 @@ def test_the_trace_holds_the_iterations_the_json_does(tmp_path):
 
     doc, _ = profile(tmp_path, "--nproc", "2", "--trace", str(tmp_path / "tr"), script="straggler_train.py",
                      script_args=("--steps", "5"))
-    assert doc["steps"]["found"] == 5 and doc["steps"]["measured"] == 4
+    assert doc["steps"] == {"found": 5, "measured": 3, "warmup": 2, "per_epoch": 5}  # --warmup 2 by default
     events = json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
     for rank in (0, 1):
         mine = [e for e in events if e.get("ph") == "X" and e.get("cat") == "iteration" and e["pid"] == rank + 1]
         iterations = sorted((e for e in mine if e["name"] != "measured"), key=lambda e: e["ts"])
-        assert [e["name"] for e in iterations] == [f"iteration {i}" for i in range(5)]
+        assert [e["name"] for e in iterations] == ["iteration 0", "iteration 1 (aligned)",
+                                                   *(f"iteration {i}" for i in range(2, 5))]
         (measured,) = [e for e in mine if e["name"] == "measured"]
-        assert iterations[0]["ts"] + iterations[0]["dur"] <= measured["ts"] <= iterations[1]["ts"]
+        assert iterations[1]["ts"] + iterations[1]["dur"] <= measured["ts"] <= iterations[2]["ts"]
         last_end = iterations[-1]["ts"] + iterations[-1]["dur"]
         assert 0 <= measured["ts"] + measured["dur"] - last_end < 1000  # µs: stamped right after it
-    assert len(timeline.load(str(tmp_path / "out.json")).iterations) == 4
+    assert len(timeline.load(str(tmp_path / "out.json")).iterations) == 3
 
 
 def _state(path):
@@ -96,6 +97,8 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
     profiled = tmp_path / "profiled.pt"
     doc, proc = profile(tmp_path, "--nproc", "2", script=script,
                         script_args=("--steps", "4", "--state", str(profiled), *extra))
+    warm = doc["steps"]["warmup"]
+    assert warm == 2  # the default: iteration 1 aligned, its ops outside every measured iteration like 0's
     a, b = _state(plain), _state(profiled)
     assert a.keys() == b.keys()
     for k in a:
@@ -114,11 +117,11 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
         # outside: DDP's constructor checks the model (an all_gather of parameter counts, a broadcast of rank
         # 0's sizes and strides: an int64 each), broadcasts every parameter and buffer from rank 0 (the float32
-        # ones in one flat broadcast, num_batches_tracked in another), then the warm-up step's like any step's
+        # ones in one flat broadcast, num_batches_tracked in another), then each warm-up step's like any step's
         outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
         shapes = 8 * sum(2 * v.dim() for v in tensors)
-        assert outside == {"all_gather": (1, 2 * 8), "all_reduce": reduced,
-                           "broadcast": (1 + 2 + 2, shapes + params + buffers + buffers)}
+        assert outside == {"all_gather": (1, 2 * 8), "all_reduce": (warm * reduced[0], warm * reduced[1]),
+                           "broadcast": (1 + 2 + 2 * warm, shapes + params + buffers + warm * buffers)}
         assert doc["unseen"] == {}
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}
@@ -126,7 +129,8 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         # all-gathers, through Comm like the rest)
         assert doc["unseen"] == {}
         outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-        assert outside == {"all_gather": (6 + len(tensors), 2 * params + params), "reduce_scatter": (3, params)}
+        assert outside == {"all_gather": (6 * warm + len(tensors), 2 * params * warm + params),
+                           "reduce_scatter": (3 * warm, params * warm)}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -60,7 +60,11 @@ def summary_text(doc: dict) -> Text:
     text.append(f"{s['iteration_ms']:.2f} ms/iteration (slowest rank) · {s['iterations_per_s']:.2f} iterations/s")
     if "throughput" in s:
         text.append(f" · {s['throughput']:.1f} samples/s")
-    if doc["steps"]["measured"] == 0:
+    steps = doc["steps"]
+    if steps["measured"] == 0 and 0 < steps["found"] <= steps["warmup"]:
+        text.append(f"\nno measured iteration: the script's {steps['found']} iteration(s) were all warm-up "
+                    f"(--warmup {steps['warmup']}); pass a lower --warmup", style="bold yellow")
+    elif steps["measured"] == 0:
         text.append("\nno measured iteration: no optimizer stepped (nor commprof.step()) after the warm-up",
                     style="bold yellow")
     if doc["unseen"]:

@@ -4,8 +4,8 @@
   same job with D = 0 run before each delayed job and after the last: the straggler found, its cost per step
   over D, and its step without the delay over the balanced runs' median step (and over the mean of the two
   run beside it in time), with the balanced runs' own spread — one balanced run alone varies ~10 % here.
-  These jobs run with --warmup 4: warm-up iterations 1-3 are aligned (commprof/record/aligned.py), and their
-  ops price the ones the straggler made late;
+  These jobs run with --warmup (profile's default, 4: warm-up iterations 1-3 are aligned, commprof/record/aligned.py;
+  2: iteration 1 alone), and the aligned iterations' ops price the ones the straggler made late;
 - tests/scripts/per_param_train.py, every gradient all-reduced on its own, beside the same script fusing
   them into one all-reduce: latency_bound found, and the saving it predicts over the saving measured (the
   per-parameter step less the fused one);
@@ -20,7 +20,7 @@ Each on --backends (gloo, mpi) at --nproc ranks (2; 4 oversubscribes 2 cores), t
 leaves them, or each on its own cores (--bind-cores: profile's flag).
 
     python benchmarks/findings.py [--quick] [--delays 5,20,50] [--backends gloo,mpi] [--nproc 2]
-                                  [--steps 48] [--clock-ms 500] [--bind-cores] [--json PATH]
+                                  [--steps 48] [--warmup 4] [--clock-ms 500] [--bind-cores] [--json PATH]
 
 48 steps a job: one step of the balanced job takes 7–20 ms here, and a median of fewer moves by ~10 % from
 run to run. --quick: D = 20 on gloo, 8 steps; seconds, to see that it runs. Targets: cost and step within 15 %,
@@ -42,9 +42,6 @@ SCRIPTS = ROOT / "tests" / "scripts"
 QUICK = {"delays": "20", "backends": "gloo", "steps": 8}
 """--quick: one delay, one backend, 8 steps."""
 TIMEOUT_S = 600
-ALIGNED_WARMUP = 4
-"""--warmup of the straggler jobs and their balanced controls: iterations 1-3 aligned (commprof/record/aligned.py),
-which price the ops a straggler late at every step made late."""
 
 
 def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args: str, fault: str = "",
@@ -77,6 +74,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--clock-ms", type=float, default=500.0, help="how far ahead the last rank's clock is set")
     p.add_argument("--bind-cores", action="store_true", help="each rank on its own cores (profile's flag)")
+    p.add_argument("--warmup", type=int, default=4,
+                   help="--warmup of the straggler jobs and their balanced controls (default: profile's, 4)")
     args = parse(p, QUICK)
     steps = ["--steps", str(args.steps)]
     rows = []
@@ -88,19 +87,21 @@ def main() -> None:
             # delay is held against the balanced runs beside it in time, and against all of them
             delays = list(map(float, args.delays.split(",")))
             balanced = [profiled(tmp, f"{backend}-d0-0", backend, args.nproc, "straggler_train.py", *steps,
-                                 bind=args.bind_cores, warmup=ALIGNED_WARMUP)]
+                                 bind=args.bind_cores, warmup=args.warmup)]
             delayed = []
             for k, delay in enumerate(delays):
                 delayed.append(profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py",
-                                        *steps, "--delay-ms", str(delay), bind=args.bind_cores, warmup=ALIGNED_WARMUP))
+                                        *steps, "--delay-ms", str(delay), bind=args.bind_cores, warmup=args.warmup))
                 balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc, "straggler_train.py",
-                                         *steps, bind=args.bind_cores, warmup=ALIGNED_WARMUP))
+                                         *steps, bind=args.bind_cores, warmup=args.warmup))
             steps_ms = [b["trace_step_ms"] for b in balanced]
             for k, (delay, doc) in enumerate(zip(delays, delayed)):
                 rows.append(straggler_row(doc, delay, backend, args.nproc, steps_ms, steps_ms[k:k + 2]))
                 row = rows[-1]
                 print(f"straggler D={delay:g} ms ({at}): found rank {row['found_rank']}, cost/D "
-                      f"{_f(row['cost_over_delay'])}, step without/balanced {_f(row['without_over_balanced'])} "
+                      f"{_f(row['cost_over_delay'])} (its own time beside D {_f(row['besides_delay_ms'])} ms), "
+                      f"priced {row['late_ops_priced_aligned']}, "
+                      f"step without/balanced {_f(row['without_over_balanced'])} "
                       f"(balanced runs {row['balanced_min_over_median']:.3f}-{row['balanced_max_over_median']:.3f} "
                       f"of their median), /neighbours {_f(row['without_over_neighbours'])}", flush=True)
             per = profiled(tmp, f"{backend}-per-param", backend, args.nproc, "per_param_train.py", *steps,
@@ -121,7 +122,8 @@ def main() -> None:
             for delay in delays:
                 rows.append(alternating(tmp, backend, args.nproc, delay, steps, args.bind_cores))
     if args.json:
-        Path(args.json).write_text(json.dumps({"bind_cores": args.bind_cores, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"bind_cores": args.bind_cores, "warmup": args.warmup, "rows": rows},
+                                              indent=1) + "\n")
 
 
 def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: list[float],
@@ -134,6 +136,10 @@ def straggler_row(doc: dict, delay: float, backend: str, nproc: int, balanced: l
     return {"case": "straggler", "backend": backend, "nproc": nproc, "delay_ms": delay,
             "found_rank": None if found is None else found["rank"],
             "cost_over_delay": None if found is None else found["ms_per_step"] / delay,
+            # what else the straggler's own time exceeds its peers' by (its compute after the sleep, slower on
+            # shared cores): part of what its peers wait for, so of its cost too
+            "besides_delay_ms": None if found is None else (found["evidence"]["busy_ms"] - delay
+                                                            - found["evidence"]["others_busy_ms"]),
             "without_over_balanced": None if without is None else without / mid,
             "without_over_neighbours": None if without is None else without / statistics.fmean(neighbours),
             "without_lower_bound": None if found is None else found.get("step_without_lower_bound"),

@@ -26,7 +26,7 @@ def jobs(tmp_path_factory):
     all-reduced on its own, and all of them fused into one all-reduce."""
     tmp = tmp_path_factory.mktemp("findings")
     out = {}
-    # the slowed job with --warmup 1, so no aligned iteration (the rest: the default, 2, one aligned)
+    # the slowed job with --warmup 1, so no aligned iteration (the rest: the default, 4, three aligned)
     for name, script, args in (("slowed", SCRIPT, ("--delay-ms", str(DELAY_MS))), ("balanced", SCRIPT, ()),
                                ("per-param", PER_PARAM, ()), ("fused", PER_PARAM, ("--fused",))):
         # the fused job without --trace: its findings come from a private trace, in a temp dir of its own
@@ -132,6 +132,8 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     priced = top["evidence"]["late_ops_priced_aligned"]
     assert priced == pytest.approx(whatif.priced_aligned(a, 1)), (top, a.aligned)
     assert whatif.priced_aligned(dataclasses.replace(a, aligned=()), 1) == 0
+    # one aligned iteration alone prices nothing: one instance of an op is too few (whatif.MIN_MET)
+    assert whatif.priced_aligned(dataclasses.replace(a, aligned=a.aligned[:2]), 1) == 0
     assert top["step_without_lower_bound"] == (priced < 1), top
     assert near_delay(top, DELAY_MS), top
 

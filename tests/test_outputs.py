@@ -153,7 +153,7 @@ def test_every_command_says_each_file_it_wrote_once(tmp_path):
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(("json: ", "csv: ", "plot: "))]
         assert lines == said, (name, proc.stderr[-3000:])
         if name == "profile":  # 2 iterations, both warm-up by default: said, not a table of nothing
-            assert "the script's 2 iteration(s) were all warm-up (--warmup 2)" in " ".join(proc.stdout.split())
+            assert "the script's 2 iteration(s) were all warm-up (--warmup 4)" in " ".join(proc.stdout.split())
         for line in said:
             assert (tmp_path / line.split(": ", 1)[1]).is_file(), line
     row, = csv.DictReader((tmp_path / "r.csv").open())

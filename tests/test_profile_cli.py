@@ -32,14 +32,14 @@ def volume(doc):
 @pytest.mark.parametrize("launcher,nproc", [("gloo", 2), ("gloo", 3), ("mpi", 2)])
 def test_every_call_of_a_plain_script_is_seen(tmp_path, launcher, nproc):
     doc, proc = profile(tmp_path, "--nproc", str(nproc), "--backend", launcher, script="collectives.py",
-                        script_args=("--steps", "4", "--exit", "3"), code=3)
+                        script_args=("--steps", "6", "--exit", "3"), code=3)
     for r in range(nproc):  # the script's own output, and its exit code (3), passed through
         assert f"script rank {r} of {nproc} finished" in proc.stdout
-    assert doc["steps"] == {"found": 4, "measured": 2, "warmup": 2, "per_epoch": 4}
+    assert doc["steps"] == {"found": 6, "measured": 2, "warmup": 4, "per_epoch": 6}  # --warmup 4 by default
     assert volume(doc) == {"all_reduce": (1, 4000), "all_gather": (1, nproc * 1000),
                            "broadcast (ranks0-1)": (1, 400), "send": (1, 200), "recv": (1, 200)}
     assert doc["volume"]["all_reduce"]["wire_bytes_per_step"] == round(4000 * 2 * (nproc - 1) / nproc)
-    assert doc["volume"]["send"]["bytes_per_epoch"] == 4 * 200
+    assert doc["volume"]["send"]["bytes_per_epoch"] == 6 * 200
     assert doc["unseen"] == {}
     assert len(doc["iterations"]) == nproc * 2
     for it in doc["iterations"]:
@@ -68,16 +68,16 @@ def test_the_trace_holds_the_iterations_the_json_does(tmp_path):
     from commprof.predict import timeline
 
     doc, _ = profile(tmp_path, "--nproc", "2", "--trace", str(tmp_path / "tr"), script="straggler_train.py",
-                     script_args=("--steps", "5"))
-    assert doc["steps"] == {"found": 5, "measured": 3, "warmup": 2, "per_epoch": 5}  # --warmup 2 by default
+                     script_args=("--steps", "7"))
+    assert doc["steps"] == {"found": 7, "measured": 3, "warmup": 4, "per_epoch": 7}  # --warmup 4 by default
     events = json.loads((tmp_path / "tr" / "trace.json").read_text())["traceEvents"]
     for rank in (0, 1):
         mine = [e for e in events if e.get("ph") == "X" and e.get("cat") == "iteration" and e["pid"] == rank + 1]
         iterations = sorted((e for e in mine if e["name"] != "measured"), key=lambda e: e["ts"])
-        assert [e["name"] for e in iterations] == ["iteration 0", "iteration 1 (aligned)",
-                                                   *(f"iteration {i}" for i in range(2, 5))]
+        assert [e["name"] for e in iterations] == ["iteration 0", *(f"iteration {i} (aligned)" for i in (1, 2, 3)),
+                                                   *(f"iteration {i}" for i in range(4, 7))]
         (measured,) = [e for e in mine if e["name"] == "measured"]
-        assert iterations[1]["ts"] + iterations[1]["dur"] <= measured["ts"] <= iterations[2]["ts"]
+        assert iterations[3]["ts"] + iterations[3]["dur"] <= measured["ts"] <= iterations[4]["ts"]
         last_end = iterations[-1]["ts"] + iterations[-1]["dur"]
         assert 0 <= measured["ts"] + measured["dur"] - last_end < 1000  # µs: stamped right after it
     assert len(timeline.load(str(tmp_path / "out.json")).iterations) == 3
@@ -91,14 +91,14 @@ def _state(path):
                                           ("ddp_train.py", ("--find-unused",)), ("fsdp2_train.py", ())])
 def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
     plain = tmp_path / "plain.pt"
-    proc = spawn([sys.executable, str(SCRIPTS / script), "--steps", "4", "--state", str(plain), *extra],
+    proc = spawn([sys.executable, str(SCRIPTS / script), "--steps", "6", "--state", str(plain), *extra],
                  nproc=2, backend="gloo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     profiled = tmp_path / "profiled.pt"
     doc, proc = profile(tmp_path, "--nproc", "2", script=script,
-                        script_args=("--steps", "4", "--state", str(profiled), *extra))
+                        script_args=("--steps", "6", "--state", str(profiled), *extra))
     warm = doc["steps"]["warmup"]
-    assert warm == 2  # the default: iteration 1 aligned, its ops outside every measured iteration like 0's
+    assert warm == 4  # the default: iterations 1-3 aligned, their ops outside every measured one like 0's
     a, b = _state(plain), _state(profiled)
     assert a.keys() == b.keys()
     for k in a:
@@ -136,7 +136,7 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_pipelining_schedule_is_seen(tmp_path, schedule):
     doc, _ = profile(tmp_path, "--nproc", "2", script="pipeline_train.py",
-                     script_args=("--steps", "4", "--schedule", schedule, "--micro-batches", "4"))
+                     script_args=("--steps", "6", "--schedule", schedule, "--micro-batches", "4"))
     act = 4 * 32 * 4  # a micro-batch of 4 samples × 32 floats
     assert volume(doc) == {"send": (4, 4 * act), "recv": (4, 4 * act)}
     assert doc["summary"]["bubble_ms"] > 0

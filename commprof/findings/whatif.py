@@ -33,16 +33,20 @@ def measured_costs(analysis: Analysis) -> Callable[[Op], float]:
 
 ALIGNED = 0.25
 """An op's parties met together when its arrival spread is at most this share of its transfer."""
+MIN_MET = 2
+"""The fewest instances of an op whose parties met together that price it: one alone is a lottery here (the
+same 1 MiB all-reduce, aligned, took 1.2 to 6.6 ms from one iteration to the next on 2 shared cores)."""
 
 
 def _late(analysis: Analysis, late: int) -> tuple[dict, list]:
     """({(name, group label, bytes): transfers of that op's instances whose parties met together, in the
-    measured iterations and the aligned ones}, the arrivals `late` came last at, beyond ALIGNED of their
-    transfer)."""
+    measured iterations and the aligned ones, where at least MIN_MET did}, the arrivals `late` came last at,
+    beyond ALIGNED of their transfer)."""
     met: dict[tuple, list[float]] = {}
     for a in analysis.arrivals + analysis.aligned:
         if a.spread_ms <= ALIGNED * a.transfer_ms:
             met.setdefault((a.op.name, a.op.label, a.op.nbytes), []).append(a.transfer_ms)
+    met = {op: took for op, took in met.items() if len(took) >= MIN_MET}
     return met, [a for a in analysis.arrivals if a.last == late and a.spread_ms > ALIGNED * a.transfer_ms]
 
 
@@ -57,11 +61,11 @@ def priced_aligned(analysis: Analysis, late: int) -> float:
 
 def aligned_costs(analysis: Analysis, late: int) -> Callable[[Op], float]:
     """Costs with `late`'s lateness gone: an op it arrived last at, by more than ALIGNED of the transfer,
-    costs what the same op (name, group, bytes) took in the instances whose parties met together — the
-    median, and never less than it took itself. Where a party is late the others' bytes are already on their
-    way when it arrives (a socket's buffer holds megabytes), so its transfer after the last arrival is short
-    of what the op takes aligned: measured at 2 gloo ranks, 2.6 against 3.2 ms for 1 MiB. An op that never met
-    aligned keeps its own (the step without is then a lower bound)."""
+    costs what the same op (name, group, bytes) took in the instances whose parties met together (MIN_MET or
+    more) — the median, and never less than it took itself. Where a party is late the others' bytes are
+    already on their way when it arrives (a socket's buffer holds megabytes), so its transfer after the last
+    arrival is short of what the op takes aligned: measured at 2 gloo ranks, 2.6 against 3.2 ms for 1 MiB.
+    An op that met aligned too seldom keeps its own (the step without is then a lower bound)."""
     out = {a.op.key: a.transfer_ms for a in analysis.arrivals}
     met, made_late = _late(analysis, late)
     for a in made_late:

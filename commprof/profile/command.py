@@ -41,9 +41,9 @@ class ProfileConfig:
     nproc: int | None
     """Local ranks to start; None: one per core (GPU for nccl), at least 2."""
     warmup: int
-    """Iterations not measured (--warmup, 2 by default, as run's): the first, where DDP still builds its buckets
-    and then broadcasts their order, and those after it, aligned (record/aligned.py), where each collective's
-    parties meet before it so that a straggler late at every step can be priced."""
+    """Iterations not measured (--warmup, 4 by default): the first, after which DDP rebuilds its buckets, and
+    those after it, aligned (record/aligned.py): each collective's parties meet before it, and the median of
+    their transfers prices the ops a straggler late at every step makes late (findings/whatif.py)."""
     timeout_s: float
     """The process group's timeout unless the script sets one: how long a rank waits on a stalled peer."""
     steps_per_epoch: int | None
@@ -69,8 +69,8 @@ class ProfileConfig:
 def add_parser(subparsers, summary: str) -> None:
     p = subparsers.add_parser("profile", help=summary, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--warmup", type=int, default=2,
-                   help="iterations not measured (default 2: the second, aligned, prices a straggler's ops)")
+    p.add_argument("--warmup", type=int, default=4,
+                   help="iterations not measured (default 4: 1-3 aligned, to price a straggler's late ops)")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")
     p.add_argument("--global-batch", type=int, help="samples per iteration, all ranks (for samples/s)")
     p.add_argument("--ddp-reducer", action=argparse.BooleanOptionalAction, default=True,

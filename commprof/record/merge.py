@@ -1,13 +1,15 @@
 """The merged Chrome trace, DIR/trace.json: every rank's file read back (`load`, which also takes a file cut
-short), their events in one file with the clock alignment, and flow arrows for every collective from the
-rank everyone waited for to the others.
+short), their events in one file with the clock alignment, flow arrows for every collective from the
+rank everyone waited for to the others, and each rank's counter "bytes in flight".
 
 A rank blocked in a collective waits for the last member to issue it, so each op gets one arrow per other
 member: from the last rank to arrive (the latest issue among the members' spans of that op) to each
 other member's completion — who everyone waited for, always pointing forward in time (Perfetto sorts
 events by time and drops a flow end without an earlier start). A member that completed before the last
 one issued (a broadcast root, say) did not wait and gets no arrow. The arrows need every rank's
-spans, so they are drawn here, not in the per-rank files. Rank 0 merges at the end of a run
+spans, so they are drawn here, not in the per-rank files. The counter, the payload bytes of a rank's ops
+issued and not yet complete, is drawn here too: from a rank's whole run at once (not a write's share of
+it), and off the ranks' hot path, where it cost two events and a sort per op. Rank 0 merges at the end of a run
 (record/trace.py's `finish`); `merge(DIR)` does it again from the files after a killed run.
 Exercised by: `pytest tests/test_trace.py`.
 """
@@ -77,6 +79,30 @@ def flows(events: list[dict]) -> list[dict]:
     return out
 
 
+def in_flight(events: list[dict]) -> list[dict]:
+    """Counter events "bytes in flight", per rank (pid): stepping at every issue and completion of the spans
+    on its comm threads, host or stream, a completion before an issue at the same instant."""
+    comm, training = set(), {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            if e["args"]["name"].startswith(("comm (", "stream: comm (")):
+                comm.add((e["pid"], e["tid"]))
+            elif e["args"]["name"] == "training":
+                training[e["pid"]] = e["tid"]
+    steps: dict[int, list[tuple]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in comm and e["args"].get("bytes"):
+            steps[e["pid"]] += [(e["ts"], e["args"]["bytes"]), (round(e["ts"] + e["dur"], 3), -e["args"]["bytes"])]
+    out = []
+    for pid, deltas in sorted(steps.items()):
+        level = 0
+        for ts, delta in sorted(deltas, key=lambda s: (s[0], s[1] > 0)):
+            level += delta
+            out.append({"name": "bytes in flight", "ph": "C", "pid": pid, "tid": training.get(pid, 0), "ts": ts,
+                        "args": {"bytes": level}})
+    return out
+
+
 def load(path: str | Path) -> list[dict]:
     """A per-rank file's events: a whole array, or one cut short (by a kill inside a write, or written by an
     older commprof, which ended every event with "," and the array only at the end)."""
@@ -96,9 +122,9 @@ def parse(text: str) -> list[dict]:
 
 
 def write_merged(directory: Path, per_rank: list[list[dict]], clocks: dict | None) -> Path:
-    """DIR/trace.json: every rank's events, then the flow arrows between them."""
+    """DIR/trace.json: every rank's events, then the flow arrows between them and each rank's counter."""
     events = [e for rank in per_rank for e in rank]
-    events += flows(events)
+    events += flows(events) + in_flight(events)
     path = directory / "trace.json"
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "commprof", "clock_sync": clocks}}

@@ -8,7 +8,6 @@ treats pid 0 as the kernel's idle process) named "rank r":
   thread "comm (<group>)" every op from issue to completion (async ones stay open while in flight); the
                          thread's metadata names the group's members (global ranks): `commprof predict`
                          matches each op across them
-  counter "bytes in flight"  the sum of the payloads of this rank's ops in flight
   threads "stream: …"    on CUDA, the same ranges and ops as the device's stream ran them
                          (record/gpu_trace.py); the comm ops are there (and the merged file's flows),
                          not on "comm (…)"
@@ -18,7 +17,8 @@ end stood — as cheap as appending, where rewriting the file (a temporary, then
 whole file at every flush. A rank killed between writes (SIGKILL, a crash) leaves a file json.load reads;
 one killed inside a write's syscall may leave that write cut short, which `load(path)` reads too.
 Rank 0 writes DIR/trace.json at the end (record/merge.py: every rank's events, the flow arrows between them,
-the clock alignment); `merge(DIR)` rebuilds it from the per-rank files after a killed run.
+each rank's counter "bytes in flight", the clock alignment); `merge(DIR)` rebuilds it from the per-rank files
+after a killed run.
 Exercised by: `pytest tests/test_trace.py`.
 """
 
@@ -67,6 +67,7 @@ class TraceRecorder:
         self._tid = threading.get_native_id()
         self._threads: dict[str, int] = {}
         self._prefixes: dict = {}
+        self._op_heads: dict = {}
         self._seq: dict[tuple, int] = {}
         self._lock = threading.Lock()
         """Held while the buffer is swapped or the file written: a SIGTERM handler that finds it held waits for
@@ -166,7 +167,7 @@ class TraceRecorder:
         with self._lock:
             items, self._buf = self._buf, []
             streamed = self.gpu.ready(final) if self.gpu is not None else ()
-        out, spans, ops = [], [], []
+        out, ops = [], []
         for item in items:
             if item[0] == "X":
                 _, label, t0, t1 = item
@@ -175,18 +176,17 @@ class TraceRecorder:
             else:
                 ops.append(item)
         for item in sorted(ops, key=lambda item: item[1][START]):  # logged as they complete; seq by issue
-            self._op_events(*item[1:], spans, out)
+            self._op_events(*item[1:], out)
         for what, t0, t1 in streamed:
             if what[0] == "op":
                 _, entry, members = what
                 tid = self._thread(f"stream: comm ({entry[GROUP]})", members)
-                self._op_span(entry, tid, self._us(t0), (t1 - t0) / 1e3, spans, out)
+                self._op_span(entry, tid, self._us(t0), (t1 - t0) / 1e3, out)
             else:
                 label = what[1]
                 out.append(json.dumps({"name": label.message, "cat": label.category, "ph": "X", "pid": self.pid,
                                        "tid": self._thread("stream: ranges"), "ts": round(self._us(t0), 3),
                                        "dur": round((t1 - t0) / 1e3, 3)}, separators=(",", ":")))
-        self._in_flight(spans, out)
         with self._lock:
             if not self._closed:  # another thread may have closed it meanwhile (a failure's salvage)
                 self._write(out)
@@ -213,32 +213,24 @@ class TraceRecorder:
             hit = self._prefixes[label] = (head, tail)
         return hit
 
-    def _op_events(self, entry: tuple, clock, members: list[int], spans: list, out: list) -> None:
+    def _op_events(self, entry: tuple, clock, members: list[int], out: list) -> None:
         if clock.kind == "cuda" and not entry[HOST]:
             return  # CUDA-event stamps, with no stream spans to place them on
         self._op_span(entry, self._thread(f"comm ({entry[GROUP]})", members), self._us(entry[START]),
-                      (entry[END] - entry[START]) / 1e3, spans, out)
+                      (entry[END] - entry[START]) / 1e3, out)
 
-    def _op_span(self, entry: tuple, tid: int, ts: float, dur: float, spans: list,
-                  out: list) -> None:
-        name, nbytes, size, group = entry[NAME], entry[NBYTES], entry[GROUP_SIZE], entry[GROUP]
-        seq = self._seq[(group, name)] = self._seq.get((group, name), -1) + 1
+    def _op_span(self, entry: tuple, tid: int, ts: float, dur: float, out: list) -> None:
+        name, group = entry[NAME], entry[GROUP]
+        key = (group, name)
+        seq = self._seq[key] = self._seq.get(key, -1) + 1
         # seq: this rank's k-th op of its group and name, by issue (ops in flight across a write, rare, may
         # take another number: the merged file's flows join ops by issue time, record/merge.py)
-        out.append(f'{{"name":"{name} ({group})","cat":"comm","ph":"X","pid":{self.pid},"tid":{tid},'
-                   f'"ts":{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{nbytes},"group_size":{size},"seq":{seq}}}}}')
-        if nbytes:
-            spans.append((ts, nbytes))
-            spans.append((ts + dur, -nbytes))
-
-    def _in_flight(self, spans: list, out: list) -> None:
-        """The counter: payload bytes of this rank's ops in flight, stepping at every issue and completion
-        (ops of one flush; every async op has completed by the end of an iteration)."""
-        level = 0
-        for ts, delta in sorted(spans, key=lambda s: (s[0], s[1] > 0)):
-            level += delta
-            out.append(f'{{"name":"bytes in flight","ph":"C","pid":{self.pid},"tid":{self._tid},"ts":{ts:.3f},'
-                       f'"args":{{"bytes":{level}}}}}')
+        head = self._op_heads.get((key, tid))
+        if head is None:  # the text before ts, per op name, group and thread: a pipeline's ops are many
+            head = self._op_heads[(key, tid)] = (f'{{"name":"{name} ({group})","cat":"comm","ph":"X",'
+                                                 f'"pid":{self.pid},"tid":{tid},"ts":')
+        out.append(f'{head}{ts:.3f},"dur":{dur:.3f},"args":{{"bytes":{entry[NBYTES]},'
+                   f'"group_size":{entry[GROUP_SIZE]},"seq":{seq}}}}}')
 
     def close(self) -> None:
         """Write what is buffered and a last event saying how many ranges were still open. Safe to call twice."""

@@ -176,6 +176,41 @@ dist.destroy_process_group()
 """
 
 
+SCALAR_DDP = """\
+import os, torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group()
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(1.0))
+    def forward(self, x): return (x * self.a).sum()
+m = nn.parallel.DistributedDataParallel(M())
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(6):
+    opt.zero_grad(); m(torch.ones(3) * (dist.get_rank() + 1)).backward(); opt.step()
+os.write(1, f"a {m.module.a.item()}\\n".encode())  # one write: the two ranks share the pipe
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_of_scalar_parameters_checks_the_model_as_torch_does(tmp_path):
+    # every parameter a scalar: DDP's model check still broadcasts rank 0's (empty) sizes and strides, as
+    # torch's C++ does, so a rank whose model differs fails there on every rank; then one flat broadcast of
+    # the parameters and an all_reduce of the 4-byte gradient a step
+    script = tmp_path / "scalar.py"
+    script.write_text(SCALAR_DDP)
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+    assert outside == {"all_gather": (1, 2 * 8), "broadcast": (2, 0 + 4), "all_reduce": (4, 4 * 4)}, outside
+    assert volume(doc) == {"all_reduce": (1, 4)}
+    # the gradient (3 + 6) / 2 = 4.5 a step, the same on both ranks
+    finals = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("a ")]
+    assert finals == pytest.approx([1.0 - 6 * 0.1 * 4.5] * 2, abs=1e-6), proc.stdout[:300]
+
+
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
     # the ops DTensor, tensor parallelism and FSDP2's clip_grad_norm_ and full_tensor() dispatch: timed and

@@ -140,8 +140,8 @@ def _verify_params(comm, params: list) -> None:
             raise RuntimeError(f"DDP expects same model across all ranks, but Rank {comm.rank} has {len(params)} "
                                f"params, while rank {rank} has inconsistent {count} params.")
     mine = [v for t in params for v in (*t.shape, *t.stride())]
-    if not mine:  # every parameter a scalar: nothing to compare
-        return
+    # broadcast even when empty (every parameter a scalar), as torch's is: a rank whose model differs then
+    # fails at this broadcast on every rank, not one op later on some
     theirs = torch.tensor(mine, dtype=torch.long, device=device)
     comm.broadcast(theirs, src=0)
     theirs, at = theirs.tolist(), 0

@@ -100,7 +100,9 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
     # late at every step and no aligned iteration (--warmup 1): its ops never met together, their aligned
     # transfer unknown, a lower bound, said so
     assert top["evidence"]["late_ops_priced_aligned"] == 0 and top["step_without_lower_bound"], top
-    assert f"step without it ≥ {top['step_ms_without']:.1f} ms" in " ".join(proc.stdout.split()), proc.stdout[:2000]
+    shown = " ".join(proc.stdout.split())
+    assert (f"step without it ≥ {top['step_ms_without']:.1f} ms (a lower bound: 0 % of the ops it made late met "
+            "aligned in two warm-up iterations or more; a higher --warmup prices more)") in shown, proc.stdout[:2000]
     # printed first, before the tables
     assert proc.stdout.index("straggler") < proc.stdout.index("commprof profile"), proc.stdout[:2000]
 
@@ -135,6 +137,7 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     # one aligned iteration alone prices nothing: one instance of an op is too few (whatif.MIN_MET)
     assert whatif.priced_aligned(dataclasses.replace(a, aligned=a.aligned[:2]), 1) == 0
     assert top["step_without_lower_bound"] == (priced < 1), top
+    assert ("a higher --warmup prices more" in " ".join(proc.stdout.split())) == (priced < 1), proc.stdout[:2000]
     assert near_delay(top, DELAY_MS), top
 
 

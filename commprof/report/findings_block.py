@@ -28,9 +28,19 @@ def findings_text(block: dict | None) -> Text | None:
     for f in block["items"]:
         out.append(f"  {f['kind']:<14}", style="bold")
         at_least = "≥ " if f.get("step_without_lower_bound") else ""
-        out.append(f"{_what(f)}; step without it {at_least}{f['step_ms_without']:.1f} ms\n")
+        out.append(f"{_what(f)}; step without it {at_least}{f['step_ms_without']:.1f} ms{_bound(f)}\n")
     out.rstrip()
     return out
+
+
+def _bound(f: dict) -> str:
+    """Why a step without is a lower bound, and what prices it: the straggler's late ops that met aligned
+    in too few warm-up iterations (findings/whatif.py) keep their late transfer."""
+    if not f.get("step_without_lower_bound"):
+        return ""
+    priced = f["evidence"].get("late_ops_priced_aligned", 0.0)
+    return (f" (a lower bound: {priced * 100:.0f} % of the ops it made late met aligned in two warm-up iterations "
+            "or more; a higher --warmup prices more)")
 
 
 def _what(f: dict) -> str:

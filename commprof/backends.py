@@ -4,6 +4,7 @@ launcher checks a command line against this, then starts ranks that load them (s
   BACKENDS, DTYPES, ALIASES, REDUCE_OPS    the names --backend, -d and -o take
   unsupported(...)                          why a backend cannot run a collective with a dtype, op, mode
   cuda_devices(), default_backend(), slots()  the GPUs the CUDA driver sees, asked of the driver itself
+  device(backend, asked)                    where a job's tensors live (--device): cuda for nccl, cpu else
 
 commprof/comm/ maps these names to torch dtypes and process groups. Exercised by: `pytest
 tests/test_startup.py tests/test_bench_cli.py`.
@@ -31,6 +32,9 @@ ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "
            "fp32": "float32", "fp16": "float16", "fp64": "float64"}
 """nccl-tests' and common short names, accepted for the torch ones."""
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+DEVICES = ("cpu", "cuda")
+"""Where a job's tensors live (--device): gloo moves either; nccl CUDA tensors only; commprof's MPI path
+host buffers only."""
 
 REDUCING = frozenset(name for name, model in COLLECTIVES.items() if model.reduces)
 # What each library's API offers (commprof adds no copies to fake a mode it lacks).
@@ -131,6 +135,20 @@ def default_backend() -> str:
 def slots(backend: str) -> int:
     """How many ranks one host can run without sharing: GPUs for nccl, usable cores otherwise."""
     return cuda_devices() if backend == "nccl" else usable_cores()
+
+
+def device(backend: str, asked: str | None) -> str:
+    """--device for `backend`: `asked`, or cuda for nccl and cpu otherwise; one line where they cannot go
+    together or no GPU is visible."""
+    if asked is None:
+        return "cuda" if backend == "nccl" else "cpu"
+    if backend == "nccl" and asked != "cuda":
+        raise UsageError("backend nccl moves CUDA tensors only: drop --device cpu, or use --backend gloo")
+    if backend == "mpi" and asked == "cuda":
+        raise UsageError("--device cuda needs --backend gloo or nccl: commprof passes MPI host buffers only")
+    if asked == "cuda" and not cuda_devices():
+        raise UsageError("--device cuda needs a CUDA GPU and none is visible; use --device cpu")
+    return asked
 
 
 def require_cuda() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from commprof.backends import BACKENDS
+from commprof.backends import BACKENDS, DEVICES
 from commprof.errors import UsageError
 
 TIMEOUT_S = 300.0
@@ -48,6 +48,13 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
     p.add_argument("--bind-cores", action="store_true",
                    help="each rank bound to its own share of this host's cores, as mpirun --bind-to core does "
                         "(default: unbound, as torchrun leaves them; the JSON's env says each rank's cores)")
+
+
+def add_device_flag(p: argparse.ArgumentParser) -> None:
+    """--device, for the commands whose tensors commprof makes (bench, run); a profiled script places its own."""
+    p.add_argument("--device", choices=DEVICES,
+                   help="where the tensors live (default: cuda for nccl, else cpu); gloo moves CUDA tensors too, "
+                        "so ranks can share one GPU")
 
 
 def add_link_flag(p: argparse.ArgumentParser) -> None:

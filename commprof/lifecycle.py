@@ -37,6 +37,7 @@ class Config(Protocol):
     """What the life cycle reads of a command's config."""
 
     backend: str
+    # device: str (bench, run): --device, where the tensors live; a command without one runs on its backend's
     nproc: int | None
     timeout_s: float
     huge_pages: bool
@@ -173,13 +174,14 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     comm = None
     if not command.without_comm(cfg, world):
-        comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over)
+        comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over,
+                         device=getattr(cfg, "device", None))
     folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=command.findings)
     try:  # closed on every way out but os._exit; the process then ends through comm.end_process
         watchdog = Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank,
                             dump_dir=cfg.out.dump_folder()) if comm is not None else nullcontext()
         with watchdog:
-            device = comm.device if comm is not None else _device(cfg.backend, world)
+            device = comm.device if comm is not None else _device(getattr(cfg, "device", None) or "cpu", world)
             pieces = comm.gather_object(local_env(device), dst=0) if comm is not None else [local_env(device)]
             env = None if pieces is None else merge_env(
                 pieces, backend=cfg.backend, world_size=len(pieces), local_world_size=world.local_world_size,
@@ -210,10 +212,10 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
     return code
 
 
-def _device(backend: str, world: World) -> torch.device:
+def _device(kind: str, world: World) -> torch.device:
     import torch
 
-    if backend == "nccl":
+    if kind == "cuda":
         from commprof.comm import require_torch_cuda
 
         require_torch_cuda()

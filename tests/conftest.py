@@ -1,5 +1,6 @@
-"""Test-wide set-up: tests/ on the path, and a check at the end of the run that no process a test
-started (spawn.py marks them all) is still alive — a leaked rank fails the run."""
+"""Test-wide set-up: tests/ on the path, tests marked gpu skipped where no CUDA GPU is seen, and a check at
+the end of the run that no process a test started (spawn.py marks them all) is still alive — a leaked rank
+fails the run."""
 
 import os
 import signal
@@ -13,6 +14,20 @@ from spawn import SESSION_ENV, processes  # noqa: E402
 
 LEAK_GRACE_S = 5.0
 """Time a process of the last test gets to finish exiting before it counts as leaked."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are skipped where torch sees no CUDA GPU (asked of the driver: no torch import)."""
+    from commprof.backends import cuda_devices
+
+    if cuda_devices():
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -84,6 +84,8 @@ def test_all_ops_and_dtypes_skip_what_the_backend_lacks(tmp_path):
     (["-o", "avg", "-d", "int32", "all_reduce"], "gloo has no avg reduction for int32"),
     (["--backend", "nccl"], "backend nccl needs a CUDA GPU"),
     (["--backend", "tcp"], "invalid choice: 'tcp'"),
+    (["--backend", "mpi", "--device", "cuda"], "--device cuda needs --backend gloo or nccl"),
+    (["--device", "gpu"], "invalid choice: 'gpu'"),
     (["--nproc", "2", "--root", "5"], "--root 5 is outside 0..1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):

@@ -39,6 +39,8 @@ PROMISES: dict[str, list[tuple]] = {
                  ("rows", 2, "bound_ms"), ("rows", 3, "without_over_neighbours"),
                  ("rows", 3, "balanced_over_neighbours")],
     "flight_overhead": [(0, "extra_us"), (0, "extra_ci95_us")],
+    "gpu_truth": [("timing", 0, "rows", 0, "ratio"), ("timing", 0, "wall_ratio", "ratio"), ("split", 0, "error"),
+                  ("run", "plain", "wait_per_step", "ratio")],
     "gloo_layers": [("torch_us",), ("arms", "comm", "minus_torch_us"), ("arms", "comm", "minus_torch_ci95_us")],
     "gloo_paired": [("results", 0, "commprof_paired"), ("results", 0, "per_rank", 0, "commprof_paired_ci95")],
     "interpose_overhead": [(0, "extra_us"), (0, "turn_interposed_extra_ci_us"), (1, "extra_us")],

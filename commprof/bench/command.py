@@ -22,7 +22,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commprof import flags, kernels, lifecycle
+from commprof import backends, flags, kernels, lifecycle
 from commprof.backends import DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops, require_cuda, unsupported
 from commprof.bench import nccl_flags
 from commprof.bench.config import MODES, BenchConfig
@@ -67,6 +67,7 @@ def add_parser(subparsers, summary: str) -> None:
                    help="reported time across ranks: avg (1), min (2), max (3) or rank0 (0) (default avg)")
     p.add_argument("-r", "--root", default="0", help="root of broadcast and reduce, or all (default 0)")
     flags.add_job_flags(p, nproc="one per core, or per GPU", json="write env + results as JSON")
+    flags.add_device_flag(p)
     p.add_argument("--csv", "-F", metavar="PATH", help="write results as CSV, a row per result")
     nccl_flags.add_flags(p)
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
@@ -118,6 +119,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
+    device = backends.device(backend, args.device)
     flags.check_job_flags(args)
     for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0), ("-c", args.check, 0),
                              ("-m", args.agg_iters, 1)):
@@ -132,7 +134,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     if levels and group_sizes:
         raise UsageError("--groups and --group-sizes each lay out the ranks: give one of them")
     cfg = BenchConfig(
-        collectives=tuple(dict.fromkeys(names)), backend=backend, algos=algos,
+        collectives=tuple(dict.fromkeys(names)), backend=backend, device=device, algos=algos,
         dtypes=tuple(parse_dtypes(args.datatype)),
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),

@@ -25,6 +25,8 @@ class BenchConfig:
     """Collectives to sweep, in order."""
     backend: str
     """gloo, nccl or mpi."""
+    device: str = "cpu"
+    """Where the tensors live (--device): cuda for nccl; gloo moves either, so ranks can share one GPU."""
     algos: tuple[str, ...] = ("library",)
     """`library` (the backend's own collective) and/or commprof.kernels algorithm names (--algo)."""
     dtypes: tuple[str, ...] = ("float32",)

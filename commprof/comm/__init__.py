@@ -33,9 +33,11 @@ __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupp
            "slots", "free_port", "require_cuda", "end_process", "joined"]
 
 
-def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False) -> Comm:
+def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False,
+              device: str | None = None) -> Comm:
     """Join the job described by `world` on `backend` and return the world Comm, with its control plane
-    (a multi-rank job) and this rank's injected faults (COMMPROF_FAULT) attached."""
+    (a multi-rank job) and this rank's injected faults (COMMPROF_FAULT) attached. `device`: where its
+    tensors live (backends.device); None: cuda for nccl, cpu otherwise."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
     fault = Injector.for_rank(world.rank)
@@ -54,7 +56,7 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
             if world.world_size > 1:
                 comm.control = _mpi_control(world)
         else:
-            comm = _init_torch(world, backend, timeout_s)
+            comm = _init_torch(world, backend, timeout_s, device or ("cuda" if backend == "nccl" else "cpu"))
     comm.fault = fault
     _OPENED.append(backend)
     return comm
@@ -100,11 +102,12 @@ def joined() -> bool:
 def require_torch_cuda() -> None:
     """The rank's own check: the driver may see a GPU this torch cannot use (a CPU build, an old driver)."""
     if not torch.cuda.is_available():
-        raise UsageError("backend nccl needs a CUDA GPU that torch can use and none is; use --backend gloo or mpi")
+        raise UsageError("CUDA tensors (backend nccl, --device cuda) need a GPU that torch can use and none is; "
+                         "use --backend gloo or mpi with --device cpu")
 
 
-def _init_torch(world: World, backend: str, timeout_s: float) -> Comm:
-    if backend == "nccl":
+def _init_torch(world: World, backend: str, timeout_s: float, device: str) -> Comm:
+    if device == "cuda":  # nccl, or gloo moving CUDA tensors (ranks may share a GPU)
         require_torch_cuda()
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)

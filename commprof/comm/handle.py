@@ -17,8 +17,9 @@ class Handle:
     is already blocked in `wait()` by then, in which case it completes when `wait()` returns, as a
     synchronous op does (so a wait never outlasts its op: exposed ≤ comm); MPI has no future, so always
     at `wait()`. Blocking in `wait()` is an NVTX `wait` range. CUDA: the span runs from an event recorded
-    at issue to one recorded on the current stream right after `wait()` has made that stream depend on
-    the op — completion as the training stream sees it, without synchronizing the device."""
+    at issue to one recorded on a stream that waits on the op, from a callback chained on its future
+    (`complete_on_stream`) — when the device finished it, without synchronizing; an op with no future ends
+    at an event recorded right after `wait()` has made the current stream depend on it."""
 
     def __init__(self, comm, name: str, nbytes: int, work, start, flight: tuple | None = None) -> None:
         self._comm, self._name, self._nbytes, self._work = comm, name, nbytes, work
@@ -30,7 +31,8 @@ class Handle:
         """Completion, once logged."""
         self._waiting = False
         self._waited = False
-        self._work = comm._watch_completion(work, self._completed, name) or work
+        done = self.complete_on_stream if comm.clock.kind == "cuda" else self._completed
+        self._work = comm._watch_completion(work, done, name) or work
 
     def _completed(self, end) -> None:
         """The backend's future fired (its own thread)."""
@@ -43,8 +45,8 @@ class Handle:
 
     def complete_on_stream(self) -> None:
         """CUDA, from a callback chained on the op's future (`get_future().then`), which runs with current
-        streams that wait on the op: the op ends at an event recorded there. For a caller that never calls
-        wait() — DDP's reducer waits on the future (comm/ddp_reducer.py). A wait() already begun logs instead."""
+        streams that wait on the op: the op ends at an event recorded there. Chained at issue
+        (TorchComm._watch_completion) and by DDP's routed reducer. A wait() already begun logs instead."""
         with self._lock:
             if self._waiting or self._end is not None:
                 return

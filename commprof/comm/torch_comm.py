@@ -53,7 +53,7 @@ class TorchComm(Comm):
     @classmethod
     def init(cls, *, backend: str, rank: int, world_size: int, addr: str, port: int,
              timeout_s: float, device: torch.device, clock) -> "TorchComm":
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        kwargs = {"device_id": device} if backend == "nccl" else {}  # binds NCCL's communicator to the GPU
         store = open_store(addr, port, rank=rank, world_size=world_size, timeout_s=timeout_s)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
@@ -121,8 +121,16 @@ class TorchComm(Comm):
             w.wait()
 
     def _watch_completion(self, work, done, name: str):
-        if isinstance(work, list) or self.device.type == "cuda":
-            return None  # completion is seen at wait(); a CUDA future's callback time is not the GPU's
+        if isinstance(work, list):
+            return None  # completion is seen at wait()
+        if self.device.type == "cuda":
+            # NCCL marks an op's future complete at issue, with its events; a callback chained on it runs at
+            # once, on streams that wait on the op, and `done()` records the op's end there: when the op
+            # finished on the device, not when the training stream next waits on it.
+            future = self.future_of(work, name)
+            if future is not None:
+                future.then(lambda _: done())
+            return None
         future = self.future_of(work, name)
         if future is not None:
             future.add_done_callback(lambda _: done(time.perf_counter_ns()))

@@ -47,7 +47,9 @@ class Tracker:
     def __init__(self, recorder, warmup: int) -> None:
         self.recorder = recorder
         self.warmup = warmup
-        self.phases = Phases(recorder)
+        self.phases = Phases(recorder, recorder.clock)
+        """On CUDA (NCCL's ops timed by events) the phases are events on the current stream too: the split
+        is the device's timeline, as `commprof run` splits it."""
         self.progress = None
         """A StepProgress (report/progress.py) that sees every iteration end, on rank 0's terminal."""
         self.iterations: list[dict] = []
@@ -83,7 +85,7 @@ class Tracker:
             ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
             self._measuring = True
         self.phases.begin(self.index, aligned=0 < self.index < self.warmup)  # record/aligned.py
-        self._started = time.perf_counter_ns()
+        self._started = self.phases.now()
         self.open = True
 
     def end(self) -> None:
@@ -144,11 +146,11 @@ class Tracker:
     def open_phase(self, name: str) -> None:
         self.begin()
         ANNOTATOR.push(ANNOTATOR.label(name, phase_category(name)))
-        self._stack.append((name, time.perf_counter_ns()))
+        self._stack.append((name, self.phases.now()))
 
     def close_phase(self, end: int | None = None) -> None:
         name, start = self._stack.pop()
-        self.phases.spans.append((name, start, end if end is not None else time.perf_counter_ns()))
+        self.phases.spans.append((name, start, end if end is not None else self.phases.now()))
         ANNOTATOR.pop()
 
     @contextmanager
@@ -177,7 +179,7 @@ class Tracker:
         if self._depth == 1 and not self.explicit:
             self.begin()
             if not self.phases.spans and not self._stack:  # the iteration's input pipeline came first
-                self.phases.spans.append(("data", self._started, time.perf_counter_ns()))
+                self.phases.spans.append(("data", self._started, self.phases.now()))
             self.open_phase("recompute" if self._backward else "forward")
 
     def _forward_post(self, module, args, output) -> None:
@@ -208,7 +210,9 @@ class Tracker:
         self._backward += 1
         computed = None
         try:
-            computed = split_backward(self.recorder, tensors, lambda: original(tensors, *args, **kwargs))
+            run = lambda: original(tensors, *args, **kwargs)  # noqa: E731
+            computed = (split_backward(self.recorder, tensors, run) if not self.phases.cuda
+                        else stream_backward(self.phases.now, tensors, run))
         finally:
             self._backward -= 1
             if not self.explicit and self._stack:
@@ -226,25 +230,12 @@ class Tracker:
 def split_backward(recorder, tensors, run) -> int:
     """Run `run()`, a backward pass from `tensors`; return when autograd had run its last node
     (perf_counter ns), and record the rest — a C++ reducer waiting on comm — as a wait in `recorder`."""
-    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-    node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
-    marks: list[int] = []
-    hook = None
-    if node is not None:
-        def queue(*_):
-            if not marks:  # once: the first of the callbacks autograd runs after its last node
-                marks.append(0)
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: marks.append(time.perf_counter_ns()))
-        hook = node.register_prehook(queue)
     first_op, start = len(recorder.ops), time.perf_counter_ns()
     try:
-        run()
+        computed = _marking_last_node(tensors, run, time.perf_counter_ns)
     finally:
         end = time.perf_counter_ns()
-        if hook is not None:
-            hook.remove()
-    computed = marks[1] if len(marks) > 1 else end
+    computed = computed if computed is not None else end
     mine = [op for op in recorder.ops[first_op:] if op[HOST] and op[START] >= start]
     last = max((op[END] for op in mine), default=computed)
     if min(end, last) > computed:
@@ -253,6 +244,35 @@ def split_backward(recorder, tensors, run) -> int:
             group = max(mine, key=lambda op: op[END])[GROUP]
             ANNOTATOR.trace.span(ANNOTATOR.label(f"wait all_reduce ({group})", "wait"), computed, min(end, last))
     return computed
+
+
+def stream_backward(now, tensors, run):
+    """Run `run()`, a backward pass, on CUDA; return an event recorded once autograd had run its last node
+    (on the stream its callbacks run with, which waits for the backward's streams). Comm the reducer waits
+    on is stream-ordered: the device's timeline splits it (phases.breakdown), no host wait is recorded."""
+    computed = _marking_last_node(tensors, run, now)
+    return computed if computed is not None else now()
+
+
+def _marking_last_node(tensors, run, stamp):
+    """Run `run()`, a backward pass from `tensors`; return `stamp()` as taken by the first callback autograd
+    runs after its last node, or None where the pass had no graph."""
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+    marks: list = []
+    hook = None
+    if node is not None:
+        def queue(*_):
+            if not marks:  # once: the first of the callbacks autograd runs after its last node
+                marks.append(None)
+                torch.autograd.Variable._execution_engine.queue_callback(lambda: marks.append(stamp()))
+        hook = node.register_prehook(queue)
+    try:
+        run()
+    finally:
+        if hook is not None:
+            hook.remove()
+    return marks[1] if len(marks) > 1 else None
 
 
 ACTIVE: Tracker | None = None

@@ -147,7 +147,8 @@ class Phases:
         self.recorder = recorder
         """The Comm's OpRecorder: the op log and waits this iteration is split against."""
         self.cuda = clock is not None and clock.kind == "cuda"
-        self._now = clock.now if self.cuda else time.perf_counter_ns
+        self.now = clock.now if self.cuda else time.perf_counter_ns
+        """A stamp of this iteration's clock: a CUDA event on the current stream, or host ns."""
         self.spans: list[tuple] = []
         self._start = None
         self.aligned = False
@@ -161,11 +162,11 @@ class Phases:
         clock) ends the phase there rather than at the block's end (backward stops where autograd did)."""
         ANNOTATOR.push(ANNOTATOR.label(name, phase_category(name)))
         span = Span()
-        start = self._now()
+        start = self.now()
         try:
             yield span
         finally:
-            self.spans.append((name, start, span.end if span.end is not None else self._now()))
+            self.spans.append((name, start, span.end if span.end is not None else self.now()))
             ANNOTATOR.pop()
 
     def begin(self, index: int, *, aligned: bool = False) -> None:
@@ -178,11 +179,11 @@ class Phases:
         if aligned:
             aligned_iterations.start(self.recorder)
         ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}{ALIGNED if aligned else ''}", "iteration"))
-        self._start = self._now()
+        self._start = self.now()
 
     def end(self) -> Breakdown:
         """End the iteration; every async op must have completed (its Handle waited on)."""
-        end = self._now()
+        end = self.now()
         ANNOTATOR.pop()
         if self.aligned:
             aligned_iterations.stop(self.recorder)

@@ -18,7 +18,7 @@ import time
 
 from rich.console import Console
 
-from commprof import flags, lifecycle
+from commprof import backends, flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
@@ -74,6 +74,7 @@ def add_parser(subparsers, summary: str) -> None:
     p.add_argument("--loss-threshold", type=float, help="report the first step at or below this loss")
     p.add_argument("--eval-samples", type=int, default=1000, help="held-out samples for accuracy (default 1000)")
     flags.add_job_flags(p, nproc="one per core or GPU; single: 1", json="every figure per rank per iteration")
+    flags.add_device_flag(p)
     p.add_argument("--csv", metavar="PATH", help="the run's figures as one CSV row (a grid's columns)")
     flags.add_link_flag(p)
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
@@ -95,6 +96,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
+    device = backends.device(backend, args.device)
     strategy = CATALOG[args.strategy]
     if backend not in strategy.backends:
         raise UsageError(f"strategy {args.strategy} runs on --backend {', '.join(strategy.backends)}")
@@ -141,7 +143,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     if args.data != "synthetic" and not args.data_dir:
         raise UsageError(f"--data {args.data} reads local files: give --data-dir")
     return RunConfig(
-        strategy=args.strategy, model=args.model, backend=backend, data=args.data, data_dir=args.data_dir,
+        strategy=args.strategy, model=args.model, backend=backend, device=device, data=args.data,
+        data_dir=args.data_dir,
         batch_size=args.batch_size, steps=steps, epochs=args.epochs, warmup=args.warmup, seed=args.seed,
         lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb or 25.0,
         bucket_mb_given=args.bucket_mb is not None, precision=args.precision, grad_accum=args.grad_accum,

@@ -25,6 +25,8 @@ class RunConfig:
     """Key of commprof.models.MODELS."""
     backend: str
     """gloo, nccl or mpi."""
+    device: str = "cpu"
+    """Where the tensors live (--device): cuda for nccl; gloo moves either, so ranks can share one GPU."""
     data: str = "synthetic"
     """synthetic, mnist, cifar10, cifar100 or text."""
     data_dir: str | None = None

@@ -128,13 +128,14 @@ def plain_worker(steps: int, batch: int, lr: float, bucket_mb: float, profile_di
         step()
     torch.cuda.synchronize()
     out = {"max_memory_allocated": torch.cuda.max_memory_allocated(dev)}
-    sched = torch.profiler.schedule(wait=0, warmup=1, active=steps - 2)
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=steps - 2, repeat=1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA], schedule=sched) as prof:
+                                            torch.profiler.ProfilerActivity.CUDA], schedule=sched,
+                                on_trace_ready=lambda p: p.export_chrome_trace(
+                                    str(Path(profile_dir) / "plain.pt.trace.json"))) as prof:
         for _ in range(steps):
             step()
             prof.step()
-    prof.export_chrome_trace(str(Path(profile_dir) / "plain.pt.trace.json"))
 
     def timed(wait_each: bool) -> float:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -216,15 +217,17 @@ def split(comm: str, args, tmp: Path) -> dict:
     truth = json.loads(said[0].strip().splitlines()[-1])
     out = tmp / f"profile-{comm}.json"
     commprof("profile", "--backend", "nccl", "--nproc", "1", "--json", str(out), "--", str(SCRIPT),
-             "--steps", str(args.steps + 4), *knobs, what=f"profile {comm}")
+             "--steps", str(args.steps + 4), "--cycles-per-ms", str(truth["cycles_per_ms"]), *knobs,
+             what=f"profile {comm}")
     s = json.loads(out.read_text())["summary"]
     c = truth["gather_ms"]
     hidden = comm == "async"
     expect = {"compute_ms": truth["forward_ms"] + truth["backward_ms"] + truth["step_ms"], "comm_ms": c,
               "overlap_ms": c if hidden else 0.0, "exposed_comm_ms": 0.0 if hidden else c,
-              "wall_ms": truth["iteration_ms"]}
+              "wall_ms": truth["iteration_ms"], "data_ms": truth["gate_ms"] if hidden else 0.0}
     # overlap and exposed are 0 or the op's time: their error is judged against the op's time
-    err = {k: (s[k] - v) / (v if k in ("compute_ms", "comm_ms", "wall_ms") else c) for k, v in expect.items()}
+    err = {k: (s[k] - v) / (v if k in ("compute_ms", "comm_ms", "wall_ms") else c) for k, v in expect.items()
+           if k != "data_ms"}
     return {"comm": comm, "truth": truth, "expected": expect, "measured": {k: s[k] for k in expect},
             "error": err, "worst": max(abs(e) for e in err.values())}
 
@@ -232,7 +235,8 @@ def split(comm: str, args, tmp: Path) -> dict:
 def kineto_syncs(path: Path, step_names: str = "ProfilerStep#") -> dict:
     doc = json.loads(path.read_text())
     ev = doc["traceEvents"]
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph") == "X" and e["name"].startswith(step_names)]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph") == "X" and e["name"].startswith(step_names)
+             and e.get("cat") != "gpu_user_annotation"]  # the host's step ranges, not their GPU projections
     found = {name: 0 for name in SYNCS}
     for e in ev:
         if e.get("ph") == "X" and e["name"] in found and any(a <= e["ts"] < b for a, b in steps):
@@ -295,7 +299,9 @@ def main() -> None:
     if not cuda_devices():
         common.skip("gpu_truth", "no CUDA GPU is visible")
     parts = args.parts.split(",")
-    result = {"env": common.env_record(sys.argv[1:], 1)}
+    import torch
+
+    result = {"env": common.env_record(sys.argv[1:], 1), "gpu": torch.cuda.get_device_name(0)}
     with tempfile.TemporaryDirectory(prefix="gpu-truth-") as tmp:
         if "timing" in parts:
             result["timing"] = [timing("nccl", 1, list(COLLECTIVES), args, Path(tmp)),

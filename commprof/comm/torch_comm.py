@@ -123,11 +123,12 @@ class TorchComm(Comm):
     def _watch_completion(self, work, done, name: str):
         if isinstance(work, list):
             return None  # completion is seen at wait()
-        if self.device.type == "cuda":
+        if self.clock.kind == "cuda":
             # NCCL marks an op's future complete at issue, with its events; a callback chained on it runs at
             # once, on streams that wait on the op, and `done()` records the op's end there: when the op
-            # finished on the device, not when the training stream next waits on it.
-            future = self.future_of(work, name)
+            # finished on the device, not when the training stream next waits on it. gloo's future has no
+            # CUDA streams (its callback runs on gloo's thread, on the default stream): it ends at wait().
+            future = self.future_of(work, name) if self.backend == "nccl" else None
             if future is not None:
                 future.then(lambda _: done())
             return None

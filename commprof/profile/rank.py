@@ -36,7 +36,7 @@ from commprof.comm.watchdog import Watchdog
 from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.profile import ending
 from commprof.record import hooks, trace, trace_folder
-from commprof.record.clock import CpuClock
+from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
 from commprof.report import files
@@ -75,6 +75,7 @@ class Session:
     def __init__(self, cfg, world: World, fault: Injector | None = None) -> None:
         self.cfg, self.world, self.fault = cfg, world, fault
         self.recorder = OpRecorder(CpuClock())
+        """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_init)."""
         self.interposer = interpose.install(self.recorder)
         self.interposer.fault = fault
         self.watchdog: Watchdog | None = None
@@ -112,6 +113,10 @@ class Session:
                 init_method = None
             c10d.init_process_group(backend, init_method, timeout, *args, **kwargs)
         self.initialised = True
+        if "nccl" in str(c10d.get_backend()) and not self.tracker.open and not self.recorder.ops:
+            # NCCL's ops are queued on streams: they and the script's phases are timed by CUDA events
+            self.recorder.clock = CudaClock()
+            self.tracker.phases.use(self.recorder.clock)
         world = self.interposer.comm(None)
         world.timeout_s = timeout_s
         world.control = _control_plane(world)
@@ -206,11 +211,11 @@ class Session:
         t = self.tracker
         mine = self._result(list(t.iterations), list(t.volumes))
         have = slots(self.cfg.backend)
-        env = merge_env([local_env(torch.device("cpu"))], backend=c10d.get_backend() if c10d.is_initialized()
+        env = merge_env([local_env(self._device())], backend=c10d.get_backend() if c10d.is_initialized()
                         else self.cfg.backend, world_size=self.world.world_size,
                         local_world_size=self.world.local_world_size, slots=have,
                         oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
-                        clock="cpu", argv=["commprof", *self.cfg.out.argv])
+                        clock=self.recorder.clock.kind, argv=["commprof", *self.cfg.out.argv])
         doc = partial(self.cfg, mine, env, reason=message)
         if doc.get("summary") is not None:
             self._print(doc)
@@ -229,7 +234,7 @@ class Session:
             if merged is not None and self.folder.asked:
                 sys.stderr.write(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev\n")
         result = self._result(self.tracker.iterations, self.tracker.volumes)
-        pieces = comm.gather_object(local_env(torch.device("cpu")), dst=0)
+        pieces = comm.gather_object(local_env(self._device()), dst=0)
         results = comm.gather_object(result, dst=0)
         env = None
         if pieces is not None:
@@ -237,9 +242,15 @@ class Session:
             env = merge_env(pieces, backend=c10d.get_backend(), world_size=len(pieces),
                             local_world_size=self.world.local_world_size, slots=have,
                             oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
-                            clock="cpu", argv=["commprof", *self.cfg.out.argv])
+                            clock=self.recorder.clock.kind, argv=["commprof", *self.cfg.out.argv])
         self.gathered = (results, env)
         self._unwatch()
+
+    def _device(self) -> torch.device:
+        """The GPU the script's NCCL ops ran on (its current device), else the CPU."""
+        if self.recorder.clock.kind == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def _result(self, iterations: list, volumes: list) -> dict:
         t = self.tracker

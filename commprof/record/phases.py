@@ -146,15 +146,19 @@ class Phases:
     def __init__(self, recorder, clock=None) -> None:
         self.recorder = recorder
         """The Comm's OpRecorder: the op log and waits this iteration is split against."""
-        self.cuda = clock is not None and clock.kind == "cuda"
-        self.now = clock.now if self.cuda else time.perf_counter_ns
-        """A stamp of this iteration's clock: a CUDA event on the current stream, or host ns."""
+        self.use(clock)
         self.spans: list[tuple] = []
         self._start = None
         self.aligned = False
         """The open iteration is an aligned one."""
         self._op_mark = 0
         self._wait_mark = 0
+
+    def use(self, clock) -> None:
+        """Stamp phases with `clock` when it is a CUDA clock (events on the current stream), else host ns."""
+        self.cuda = clock is not None and clock.kind == "cuda"
+        self.now = clock.now if self.cuda else time.perf_counter_ns
+        """A stamp of this iteration's clock: a CUDA event on the current stream, or host ns."""
 
     @contextmanager
     def phase(self, name: str):
@@ -199,6 +203,8 @@ class Phases:
             return round(first.elapsed_time(event) * 1e6)
 
         spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
+        for op in ops:  # an op's end may be on a stream of its own (Handle.complete_on_stream), not before `end`
+            op[END].synchronize()
         ops = [restamped(op, ns(op[START]), ns(op[END]), False) for op in ops]
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 

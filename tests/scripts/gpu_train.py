@@ -12,6 +12,7 @@ and `python benchmarks/gpu_truth.py`.
 """
 import argparse
 import json
+import os
 import statistics
 
 import torch
@@ -25,19 +26,22 @@ p.add_argument("--forward-ms", type=float, default=4.0)
 p.add_argument("--backward-ms", type=float, default=6.0)
 p.add_argument("--mib", type=float, default=512.0, help="the all_gather's output, or DDP's parameter")
 p.add_argument("--truth", action="store_true")
+p.add_argument("--cycles-per-ms", type=float, help="torch.cuda._sleep's cycles per ms (default: calibrated here)")
 args = p.parse_args()
 
-dist.init_process_group()
-rank, world = dist.get_rank(), dist.get_world_size()
-device = torch.device("cuda", rank % torch.cuda.device_count())
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
 torch.cuda.set_device(device)
+dist.init_process_group(device_id=device)
+rank, world = dist.get_rank(), dist.get_world_size()
 
 
-def timed(fn, repeat=5):
-    """Median CUDA-event time of fn() in ms, the device otherwise idle."""
+def timed(fn, repeat=5, ahead=None):
+    """Median CUDA-event time of fn() in ms on the device: a kernel queued ahead (1 ms) lets the host queue
+    all of fn before the first event is reached, so launch time is not counted."""
     out = []
     for _ in range(repeat):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(ahead if ahead is not None else per_ms))
         a.record()
         fn()
         b.record()
@@ -46,10 +50,12 @@ def timed(fn, repeat=5):
     return statistics.median(out)
 
 
-torch.cuda._sleep(1000)  # the first launch loads the kernel
-per_ms = 1e6 / timed(lambda: torch.cuda._sleep(1_000_000))
-"""Cycles of torch.cuda._sleep per ms on this GPU."""
-fwd_cycles, bwd_cycles = int(args.forward_ms * per_ms), int(args.backward_ms * per_ms)
+for _ in range(100):  # ~0.2 s of work first: the GPU's clock up before the calibration
+    torch.cuda._sleep(2_000_000)
+torch.cuda.synchronize()
+per_ms = args.cycles_per_ms or 1e6 / timed(lambda: torch.cuda._sleep(1_000_000), ahead=1_000_000)
+"""Cycles of torch.cuda._sleep per ms on this GPU (--cycles-per-ms: a truth run's, so both run the same)."""
+fwd_cycles, bwd_cycles, gate_cycles = int(args.forward_ms * per_ms), int(args.backward_ms * per_ms), int(per_ms / 2)
 
 
 class Sleep(torch.autograd.Function):
@@ -93,7 +99,12 @@ def gather(async_op=False):
 
 
 def train_step():
-    work = gather(async_op=True) if args.comm == "async" else None
+    work = None
+    if args.comm == "async":
+        # queued behind a short kernel, so the op starts on the device when forward's does (the host is
+        # past the launch by then): the whole op runs under compute
+        torch.cuda._sleep(gate_cycles)
+        work = gather(async_op=True)
     loss = net(x).sum()
     opt.zero_grad()
     loss.backward()
@@ -108,13 +119,14 @@ for _ in range(args.steps):
     train_step()
 torch.cuda.synchronize()
 
-if args.truth and rank == 0:
+if args.truth:
     def forward():
         global out
         out = net(x).sum()
 
     truth = {
-        "comm": args.comm, "forward_ms": timed(forward),
+        "comm": args.comm, "cycles_per_ms": per_ms, "gate_ms": timed(lambda: torch.cuda._sleep(gate_cycles)),
+        "forward_ms": timed(forward),
         "backward_ms": timed(lambda: (forward(), out.backward())) - timed(forward),
         "step_ms": timed(opt.step),
         "gather_ms": timed(gather),
@@ -122,6 +134,7 @@ if args.truth and rank == 0:
     }
     if args.comm == "ddp":  # the bucket all-reduce alone, as DDP issues it
         truth["all_reduce_ms"] = timed(lambda: dist.all_reduce(model.w.grad))
-    print(json.dumps(truth))
+    if rank == 0:
+        print(json.dumps(truth))
 dist.barrier()
 dist.destroy_process_group()

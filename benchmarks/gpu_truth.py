@@ -53,33 +53,39 @@ def _events(fn, iters: int, warmup: int) -> float:
     return statistics.fmean(a.elapsed_time(b) for a, b in pairs) * 1e3
 
 
-def _op(dist, torch, name: str, count: int, r: int, n: int, dev):
-    """(call, in-place) of collective `name` on `count` float32 elements, buffers as bench lays them out."""
+MODES = {"all_reduce": (True,), "broadcast": (True,), "reduce": (True,), "all_gather": (True, False),
+         "reduce_scatter": (True, False), "all_to_all": (False,), "sendrecv": (False,)}
+"""The modes torch offers per collective, as bench runs them (backends.py)."""
+
+
+def _op(dist, torch, name: str, count: int, r: int, n: int, dev, inplace: bool):
+    """Collective `name` on `count` float32 elements as a call, buffers as bench lays them out."""
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     chunk = count // n
     buf = torch.ones(count, device=dev)
     if name == "all_reduce":
-        return (lambda: dist.all_reduce(buf)), True
+        return lambda: dist.all_reduce(buf)
     if name == "broadcast":
-        return (lambda: dist.broadcast(buf, 0)), True
+        return lambda: dist.broadcast(buf, 0)
     if name == "reduce":
-        return (lambda: dist.reduce(buf, 0)), True
+        return lambda: dist.reduce(buf, 0)
+    mine = buf[r * chunk:(r + 1) * chunk] if inplace else torch.ones(chunk, device=dev)
     if name == "all_gather":
-        return (lambda: ag(buf, buf[r * chunk:(r + 1) * chunk])), True
+        return lambda: ag(buf, mine)
     if name == "reduce_scatter":
-        return (lambda: rs(buf[r * chunk:(r + 1) * chunk], buf)), True
+        return lambda: rs(mine, buf)
     out = torch.empty_like(buf)
     if name == "all_to_all":
-        return (lambda: dist.all_to_all_single(out, buf)), False
+        return lambda: dist.all_to_all_single(out, buf)
     if n == 1:  # torch refuses p2p to oneself; bench makes it a local copy, as NCCL does
-        return (lambda: out.copy_(buf)), False
+        return lambda: out.copy_(buf)
 
     def sendrecv():
         for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, out, (r - 1) % n),
                                         dist.P2POp(dist.isend, buf, (r + 1) % n)]):
             w.wait()
-    return sendrecv, False
+    return sendrecv
 
 
 def loop_worker(backend: str, names: list[str], sizes: list[int], iters: int, warmup: int) -> None:
@@ -93,10 +99,13 @@ def loop_worker(backend: str, names: list[str], sizes: list[int], iters: int, wa
     rows = []
     for name in names:
         for nbytes in sizes:
-            fn, inplace = _op(dist, torch, name, nbytes // 4, r, n, dev)
-            dist.barrier()
-            rows.append({"collective": name, "nbytes": nbytes, "inplace": inplace,
-                         "time_us": _events(fn, iters, warmup)})
+            for inplace in MODES[name]:
+                fn = _op(dist, torch, name, nbytes // 4, r, n, dev, inplace)
+                dist.barrier()
+                rows.append({"collective": name, "nbytes": nbytes, "inplace": inplace,
+                             "time_us": _events(fn, iters, warmup)})
+                del fn
+                torch.cuda.empty_cache()
     print(json.dumps(rows))
     dist.barrier()
     dist.destroy_process_group()
@@ -169,9 +178,9 @@ def me(*argv: str, nproc: int = 1, what: str, timeout_s: float = 300) -> list[st
                         timeout_s=timeout_s, what=what)
 
 
-def timing(backend: str, nproc: int, names: list[str], args, tmp: Path) -> dict:
-    sizes = [64 << 10]
-    while sizes[-1] * 4 <= args.max_bytes:
+def timing(backend: str, nproc: int, names: list[str], args, tmp: Path, min_bytes: int, max_bytes: int) -> dict:
+    sizes = [min_bytes]
+    while sizes[-1] * 4 <= max_bytes:
         sizes.append(sizes[-1] * 4)
     walls: dict[str, list[float]] = {"commprof": [], "loop": []}
     per: dict[tuple, dict[str, list[float]]] = {}
@@ -179,7 +188,7 @@ def timing(backend: str, nproc: int, names: list[str], args, tmp: Path) -> dict:
     def bench():
         out = tmp / f"bench-{backend}.json"
         t0 = time.monotonic()
-        commprof("bench", *names, "--backend", backend, "--device", "cuda", "--nproc", str(nproc), "-b", "64K",
+        commprof("bench", *names, "--backend", backend, "--device", "cuda", "--nproc", str(nproc), "-b", str(sizes[0]),
                  "-e", str(sizes[-1]), "-f", "4", "-n", str(args.iters), "-w", str(args.warmup), "-c", "0",
                  "--json", str(out), what=f"bench {backend}")
         walls["commprof"].append(time.monotonic() - t0)
@@ -253,7 +262,8 @@ def run_and_memory(args, tmp: Path) -> dict:
                          ("ddp gloo cuda", ["--strategy", "ddp", "--backend", "gloo", "--device", "cuda",
                                             "--nproc", "2"])):
         j, kin = tmp / f"run-{label.replace(' ', '-')}.json", tmp / f"kineto-{label.replace(' ', '-')}"
-        extra = ["--torch-profiler", str(kin)] if "nccl" in label else []
+        traced = tmp / f"trace-{label.replace(' ', '-')}"
+        extra = ["--torch-profiler", str(kin)] if "nccl" in label else ["--trace", str(traced)]
         table = commprof("run", *flags, *common_flags, "--json", str(j), *extra, what=f"run {label}")
         print(table, flush=True)
         doc = json.loads(j.read_text())
@@ -263,6 +273,10 @@ def run_and_memory(args, tmp: Path) -> dict:
         traces = sorted(kin.glob("rank0*.json")) if extra else []
         if traces:
             row["syncs"] = kineto_syncs(traces[0])
+        for rank_trace in sorted(traced.glob("rank*.trace.json")):  # the device clock against the host's
+            meta = [e for e in json.loads(rank_trace.read_text()) if e.get("ph") == "M"]
+            row.setdefault("clock", []).append(
+                {e["name"]: e["args"] for e in meta if e["name"] in ("gpu_clock_sync", "gpu_clock_rate")})
         out[label] = row
     first = out["torch-ddp nccl"]
     plain = json.loads(me("--plain", str(args.steps), str(args.batch), str(first["lr"]), str(first["bucket_mb"]),
@@ -288,12 +302,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--max-bytes", type=int, default=16 << 20, help="gloo's largest size; NCCL's is 64 × that")
+    p.add_argument("--nccl-min-bytes", type=int, default=64 << 20)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--mib", type=float, default=512.0)
     p.add_argument("--parts", default="timing,split,run", help="a comma list of timing, split, run")
-    args = common.parse(p, {"rounds": 1, "iters": 5, "warmup": 2, "max_bytes": 1 << 20, "steps": 6, "mib": 64.0})
+    args = common.parse(p, {"rounds": 1, "iters": 5, "warmup": 2, "max_bytes": 1 << 20, "nccl_min_bytes": 1 << 20,
+                           "steps": 6, "mib": 64.0})
     from commprof.backends import cuda_devices
 
     if not cuda_devices():
@@ -304,8 +320,12 @@ def main() -> None:
     result = {"env": common.env_record(sys.argv[1:], 1), "gpu": torch.cuda.get_device_name(0)}
     with tempfile.TemporaryDirectory(prefix="gpu-truth-") as tmp:
         if "timing" in parts:
-            result["timing"] = [timing("nccl", 1, list(COLLECTIVES), args, Path(tmp)),
-                                timing("gloo", 2, ["all_reduce", "broadcast"], args, Path(tmp))]
+            # NCCL at one rank moves nothing in place and copies out of place: only copies of 64 MiB and more
+            # keep the device busier than the host that issues them, the case a per-op time is for
+            result["timing"] = [timing("nccl", 1, list(COLLECTIVES), args, Path(tmp), args.nccl_min_bytes,
+                                       64 * args.max_bytes),
+                                timing("gloo", 2, ["all_reduce", "broadcast"], args, Path(tmp), 64 << 10,
+                                       args.max_bytes)]
             print(json.dumps(result["timing"], indent=1), flush=True)
         if "split" in parts:
             result["split"] = [split(c, args, Path(tmp)) for c in ("blocking", "async")]

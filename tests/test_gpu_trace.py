@@ -8,7 +8,6 @@ On a GPU, `commprof run --strategy ddp --backend nccl --trace DIR` exercises the
 import time
 
 import pytest
-import torch
 from spawn import commprof
 
 from commprof.record import trace
@@ -43,11 +42,11 @@ class OneRankComm:
     rank, clock, members = 0, CudaClock(), [0]
 
 
-def recorder(tmp_path):
+def recorder(tmp_path, event=HostEvent):
     clocks = {"epoch_ns": time.perf_counter_ns(), "ranks": [
         {"rank": 0, "host": "h", "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0, "residual_ns": 0}]}
     rec = trace.TraceRecorder(tmp_path / "rank0.trace.json", rank=0, world_size=1, clocks=clocks)
-    rec.attach_gpu(StreamSpans(event=HostEvent, synchronize=lambda: None))
+    rec.attach_gpu(StreamSpans(event=event, synchronize=lambda: None))
     return rec
 
 
@@ -115,7 +114,34 @@ def test_spans_wait_until_the_stream_has_passed_them(tmp_path):
     assert names == ["iteration 0", "iteration 1", "iteration 2", "iteration 3"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+class SlowEvent(HostEvent):
+    """A device whose clock runs 1 % slow against the host's."""
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) / 1e6 * 0.99
+
+
+def test_a_device_clock_drifting_from_the_hosts_is_rescaled_at_close(tmp_path):
+    rec = recorder(tmp_path, SlowEvent)
+    ANNOTATOR.trace = rec
+    try:
+        for k in range(5):
+            with Range(ANNOTATOR.label(f"iteration {k}", "iteration")):
+                time.sleep(0.02)
+    finally:
+        ANNOTATOR.trace = None
+    rec.close()
+    events = trace.load(rec.path)
+    cpu, gpu = spans_on(events, "training"), spans_on(events, "stream: ranges")
+    assert [e["name"] for e in gpu] == [e["name"] for e in cpu]
+    # 1 % of the ~100 ms since the anchor would put the last span ~1 ms early; rescaled, it lands with its push
+    for host, stream in zip(cpu, gpu):
+        assert abs(stream["ts"] - host["ts"]) < 200 and abs(stream["dur"] - host["dur"]) < 200, (host, stream)
+    rate = next(e for e in events if e.get("name") == "gpu_clock_rate")["args"]
+    assert abs(rate["drift_ppm"] - 1e6 * (1 / 0.99 - 1)) < 500 and rate["bound_ns"] >= 0
+
+
+@pytest.mark.gpu
 def test_a_cuda_run_has_stream_spans_after_their_launches(tmp_path):
     out = tmp_path / "trace"
     proc = commprof("run", "--strategy", "ddp", "--backend", "nccl", "--nproc", "1", "--steps", "4", "--warmup", "1",

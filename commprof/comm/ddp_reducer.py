@@ -32,8 +32,8 @@ from torch._C._distributed_c10d import Backend, Work
 _SAVED: dict = {}
 
 
-class Routed(Backend):
-    """A process group's backend for DDP's reducer: SUM all-reduces of one contiguous tensor through
+class _Routing:
+    """What DDP's reducer is handed instead of its group: SUM all-reduces of one contiguous tensor through
     `comm` (what the reducer asks for), anything else to the group's own backend as it was asked."""
 
     def __init__(self, comm, group) -> None:
@@ -56,6 +56,15 @@ class Routed(Backend):
 
     def getBackendName(self) -> str:
         return self._group.name()
+
+
+class Routed(_Routing, Backend):
+    """A process group's backend (torch 2.12 and later let Python subclass Backend)."""
+
+
+class RoutedGroup(_Routing, dist.ProcessGroup):
+    """The same as a whole process group, for torch 2.11 and earlier, whose Backend has no Python constructor:
+    the reducer calls a ProcessGroup's collectives through torch's Python trampoline for it."""
 
 
 class Logged(Work):
@@ -89,8 +98,18 @@ class Logged(Work):
 def routed_group(comm, group) -> tuple[dist.ProcessGroup, Routed]:
     """A process group of `group`'s rank and size whose backend, on every device type `group` has, is
     Routed; and that backend, which its holder keeps alive (C++ holds it, but its methods are Python's)."""
+    try:
+        backend = Routed(comm, group)
+    except TypeError:  # "No constructor defined": torch 2.11 or earlier
+        routed = RoutedGroup(comm, group)
+        for device_type in group._device_types:  # what DDP's logger looks up; the collectives stay routed's
+            device = torch.device(device_type)
+            real = group._get_backend(device)
+            kind = getattr(dist.ProcessGroup.BackendType, real.name().upper(), dist.ProcessGroup.BackendType.CUSTOM)
+            routed._register_backend(device, kind, real)
+            routed._set_default_backend(kind)
+        return routed, routed
     out = dist.ProcessGroup(group.rank(), group.size())
-    backend = Routed(comm, group)
     custom = dist.ProcessGroup.BackendType.CUSTOM
     for device_type in group._device_types:
         out._register_backend(torch.device(device_type), custom, backend)

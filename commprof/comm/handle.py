@@ -52,7 +52,7 @@ class Handle:
                 return
             self._end = end = self._comm._now()
         self._land()
-        self._log(end, False)
+        self._log(end, None)
 
     def _land(self) -> None:
         """End the in-flight range: called once, by whichever of the future, the stream callback and wait()
@@ -61,7 +61,8 @@ class Handle:
         if flight is not None:
             flight[0](flight[1])
 
-    def _log(self, end, host: bool) -> None:
+    def _log(self, end, host: bool | None) -> None:
+        """`host`: the op log's HOST field — True, host ns; None, CUDA events of an op on a stream of its own."""
         comm = self._comm
         comm._log((self._name, self._nbytes, comm.world_size, self._start, end, host, comm.label))
 
@@ -114,7 +115,7 @@ class Handle:
             if done is None:
                 self._end = comm._now()
                 self._land()
-                self._log(self._end, False)
+                self._log(self._end, None)
             return
         if done is None:  # still in flight when the wait began: it completed when the wait returned
             self._end = done = end

@@ -7,7 +7,9 @@ times through one anchor taken when the trace starts: with the device idle, host
 bracket the recording of one event, so it happened at (t0 + t1)/2 ± (t1 − t0)/2 on the host clock,
 and every later event is the anchor plus `elapsed_time`. Events are read only once the stream has
 passed them (`query()`) at the trace's flushes, so tracing never synchronizes the device inside a run;
-the last ones are waited for when the trace closes.
+the last ones are waited for when the trace closes. The two clocks drift apart (an H100's ran 26 ppm off
+the host's: 115 µs after 4.4 s), so the close takes a second anchor and rescales the stream spans between
+the two (TraceRecorder.close): each is then off by at most the two anchors' bounds.
 
 The trace shows them as thread "stream: ranges" (one span per NVTX range, from when the stream
 reached the push to when it reached the pop: the projection Nsight's nvtx_gpu_proj_sum reports) and
@@ -31,15 +33,30 @@ class StreamSpans:
             import torch
 
             event, synchronize = (lambda: torch.cuda.Event(enable_timing=True)), torch.cuda.synchronize
-        self._event = event
+        self._event, self._synchronize, self._now = event, synchronize, now
         self.pending: list[tuple] = []
-        synchronize()  # nothing queued ahead of the anchor
-        t0 = now()
-        self._anchor = self.mark()
-        self._anchor.synchronize()
-        t1 = now()
-        self.anchor_ns, self.bound_ns = (t0 + t1) // 2, (t1 - t0) // 2
-        """Host ns of the anchor event, and the most it can be off (the residual of every GPU stamp)."""
+        self._anchor, self.anchor_ns, self.bound_ns = self._bracket()
+        """The anchor event, its host ns, and the most that can be off (the residual of every GPU stamp)."""
+
+    def _bracket(self) -> tuple:
+        """An event recorded with the device idle, its host ns (the middle of two host stamps around it),
+        and half their distance: how far off that can be."""
+        self._synchronize()  # nothing queued ahead of it
+        t0 = self._now()
+        event = self.mark()
+        event.synchronize()
+        t1 = self._now()
+        return event, (t0 + t1) // 2, (t1 - t0) // 2
+
+    def rate(self) -> tuple[float, int]:
+        """Host ns per device ns since the anchor, from a second anchor taken now (the device idle: at the
+        trace's close), and that rate's bound on a span's place at the end. The device's clock and the host's
+        drift apart: tens of ppm, so a single anchor places spans late in a run off by more than its bound."""
+        event, host, bound = self._bracket()
+        device = self._anchor.elapsed_time(event) * 1e6
+        if device <= 0:
+            return 1.0, self.bound_ns
+        return (host - self.anchor_ns) / device, self.bound_ns + bound
 
     def mark(self):
         """An event recorded now on the current stream."""

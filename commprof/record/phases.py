@@ -108,7 +108,7 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
     `waits` None (GPU): the training stream never blocks the host on comm, so exposed comm is the part
     of comm that no compute covers; blocking (stream-ordered) ops still do not count as compute."""
     comm = union([(op[START], op[END]) for op in ops])
-    stream_blocked = [(op[NAME], op[START], op[END]) for op in ops if not op[HOST]]
+    stream_blocked = [(op[NAME], op[START], op[END]) for op in ops if op[HOST] is False]
     blocked_all = stream_blocked + list(waits or ())
     blocked = union([(a, b) for _, a, b in blocked_all])
     bubble = union([(a, b) for name, a, b in blocked_all if name in BUBBLE_P2P])
@@ -205,7 +205,7 @@ class Phases:
         spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
         for op in ops:  # an op's end may be on a stream of its own (Handle.complete_on_stream), not before `end`
             op[END].synchronize()
-        ops = [restamped(op, ns(op[START]), ns(op[END]), False) for op in ops]
+        ops = [restamped(op, ns(op[START]), ns(op[END]), None if op[HOST] is None else False) for op in ops]
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 
     def ops(self) -> list[tuple]:

@@ -21,8 +21,10 @@ from typing import NamedTuple
 
 NAME, NBYTES, GROUP_SIZE, START, END, HOST, GROUP = range(7)
 """Fields of an op log entry: the Comm method (e.g. 'all_reduce'), payload bytes in nccl-tests' size
-convention, ranks in the op's group, issue and completion stamps (the clock's own, or perf_counter_ns
-ints when HOST is true), and the group's label ("world", "dp", "pp 0→1", …)."""
+convention, ranks in the op's group, issue and completion stamps, HOST, and the group's label ("world",
+"dp", "pp 0→1", …). HOST False: the clock's own stamps of an op its caller (or, on CUDA, the caller's
+stream) waited on throughout; True: perf_counter_ns ints of an async op whose completion the host saw;
+None: CUDA events of an async op on a stream of its own, which blocks the caller's stream only from its wait."""
 
 RING_LENGTH = 256
 """Ops the flight recorder keeps per rank (comm/flight.py): enough to reach back past one bench size
@@ -42,7 +44,7 @@ class OpRecord(NamedTuple):
     """Issue to completion."""
 
 
-def restamped(op: tuple, start: int, end: int, host: bool) -> tuple:
+def restamped(op: tuple, start: int, end: int, host: bool | None) -> tuple:
     """Op log entry `op` with other stamps, e.g. its CUDA events as ns since its iteration began."""
     entry = list(op)
     entry[START], entry[END], entry[HOST] = start, end, host

@@ -241,10 +241,28 @@ class TraceRecorder:
             if self._closed:
                 return
             self._closed = True
+            if self.gpu is not None:
+                self._rescale_streams(*self.gpu.rate())
             self._emit({"name": "trace_end", "ph": "M", "pid": self.pid, "tid": 0,
                         "args": {"open_ranges": len(self._stack)}})
             self._write([])
             os.close(self._fd)
+
+    def _rescale_streams(self, rate: float, bound_ns: int) -> None:
+        """Place the stream spans by the device clock's measured rate against the host's (gpu_trace.rate):
+        the file is rewritten, its stream threads' spans stretched about the anchor. Lock held."""
+        events = json.loads(self.path.read_bytes())  # whole between writes (_write)
+        streams = {e["tid"] for e in events
+                   if e.get("name") == "thread_name" and e["args"]["name"].startswith("stream")}
+        anchor = self._us(self.gpu.anchor_ns)
+        for e in events:
+            if e.get("ph") == "X" and e["tid"] in streams:
+                e["ts"], e["dur"] = round(anchor + (e["ts"] - anchor) * rate, 3), round(e["dur"] * rate, 3)
+        events.append({"name": "gpu_clock_rate", "ph": "M", "pid": self.pid, "tid": 0,
+                       "args": {"drift_ppm": round((rate - 1) * 1e6, 3), "bound_ns": bound_ns}})
+        os.ftruncate(self._fd, 0)
+        self._end = self._written = 0
+        self._write([json.dumps(e, separators=(",", ":")) for e in events])
 
 
 def start(comm, directory: str | Path) -> TraceRecorder:

@@ -133,10 +133,16 @@ def plain_worker(steps: int, batch: int, lr: float, bucket_mb: float, profile_di
         opt.step()
 
     torch.cuda.reset_peak_memory_stats(dev)
-    for _ in range(steps):
+    out = {}
+    for k in range(steps):
+        if k == 2:  # after the warm-up commprof runs (DDP rebuilds its buckets after the first step)
+            torch.cuda.synchronize()
+            out["max_memory_allocated_warmup"] = torch.cuda.max_memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
         step()
     torch.cuda.synchronize()
-    out = {"max_memory_allocated": torch.cuda.max_memory_allocated(dev)}
+    out["max_memory_allocated_measured"] = torch.cuda.max_memory_allocated(dev)
+    out["max_memory_allocated"] = max(out["max_memory_allocated_warmup"], out["max_memory_allocated_measured"])
     sched = torch.profiler.schedule(wait=0, warmup=1, active=steps - 2, repeat=1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA], schedule=sched,

@@ -204,7 +204,8 @@ class Phases:
 
         spans = [(name, ns(a), ns(b)) for name, a, b in self.spans]
         for op in ops:  # an op's end may be on a stream of its own (Handle.complete_on_stream), not before `end`
-            op[END].synchronize()
+            if not op[END].query():
+                op[END].synchronize()
         ops = [restamped(op, ns(op[START]), ns(op[END]), None if op[HOST] is None else False) for op in ops]
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 

@@ -99,7 +99,10 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
                 idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
                                      global_batch=global_batch)
                 batch = source.get(idx[rank * cfg.batch_size:(rank + 1) * cfg.batch_size])
-                x, y = batch.x.to(device), batch.y.to(device)
+                if device.type == "cuda":  # from pinned memory, as a DataLoader with pin_memory: no host wait
+                    x, y = (t.pin_memory().to(device, non_blocking=True) for t in (batch.x, batch.y))
+                else:
+                    x, y = batch.x, batch.y
                 micro_batches = [(x[i:i + micro], y[i:i + micro]) for i in range(0, cfg.batch_size, micro)]
             step_result = strategy.train_step(micro_batches, phases, measure_memory=t == total - 1)
             split = phases.end()
@@ -118,6 +121,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
             kineto.step(prof)
             progress.advance(split.wall_ns * MS)
     ANNOTATOR.pop()  # measured
+    losses = [float(loss) for loss in losses]  # the device's losses read now, after the last step
     result = {
         "rank": comm.rank if comm is not None else 0, "data_rank": rank, "reports_loss": strategy.reports_loss,
         "group_sizes": strategy.group_sizes(), "coords": strategy.coords(), "pipeline": strategy.pipeline_figures(),

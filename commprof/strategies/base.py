@@ -4,7 +4,7 @@ A strategy owns the model replica (or shard) of one rank and runs one optimizer 
 shard of the global batch:
 
     step = strategy.train_step(micro_batches, phases, measure_memory=last)
-    step.loss          # this rank's loss (float)
+    step.loss          # this rank's loss (a float, or a 0-d tensor read after the run)
     step.held_bytes    # {"params": …, "grads": …, "optimizer": …} if measure_memory, else None
 
 Every phase sits in `phases.phase(...)`, every byte goes through `self.comm`. Subclasses fill in
@@ -70,8 +70,9 @@ class NoOptimizer:
 class StepResult:
     """What one optimizer step hands back to its caller."""
 
-    loss: float
-    """This rank's loss, averaged over its micro-batches (NaN on a rank that computes none: reports_loss)."""
+    loss: float | torch.Tensor
+    """This rank's loss, averaged over its micro-batches (NaN on a rank that computes none: reports_loss); a
+    0-d tensor where it is still on the device, read once the run is over (reading it is a host wait)."""
     held_bytes: dict[str, int] | None = None
     """`Strategy.held_bytes()` taken right after the optimizer step, before the gradients are dropped:
     the rank's peak between steps. None unless the step was asked to measure memory."""
@@ -179,7 +180,7 @@ class Strategy:
     def train_step(self, micro_batches, phases, *, measure_memory: bool = False) -> StepResult:
         """Forward + backward over each micro-batch, gradient comm, optimizer step: the loss, and what
         the rank holds if `measure_memory`."""
-        total = 0.0
+        total = 0.0  # summed where the loss is, so that no step waits on the device to read it
         n = len(micro_batches)
         dtype = AUTOCAST.get(self.config.precision)
         for i, (x, y) in enumerate(micro_batches):
@@ -188,7 +189,7 @@ class Strategy:
                     with torch.autocast(self.device.type, dtype=dtype) if dtype else nullcontext():
                         loss = loss_fn(self.spec.task, self.forward(x), y) / n
                 self.backward(self.scaler.scale(loss), phases)
-            total += loss.item()
+            total = total + loss.detach().double()  # as a Python float sum of them adds
         self.backward_done(phases)
         return StepResult(total, self.optimizer_step(phases, measure_memory))
 

@@ -38,6 +38,17 @@ def test_breakdown_blocking_op_inside_a_phase_is_not_compute():
     assert b.comm_by_group_ns == {"world": 80}
 
 
+def test_breakdown_on_the_device_a_stream_ordered_op_blocks_and_an_async_one_overlaps():
+    # GPU (waits None): an all_gather on the training stream 40..60 inside backward 0..100 (HOST False), an
+    # all_reduce on a stream of its own 70..130 (HOST None), hidden by backward up to 100, then exposed.
+    ops = [("all_gather", 8, 2, 40, 60, False, "world"), ("all_reduce", 8, 2, 70, 130, None, "world")]
+    b = breakdown(start=0, end=140, phases=[("backward", 0, 100), ("step", 130, 140)], ops=ops, waits=None)
+    assert b.compute_ns == 100 - 20 + 10
+    assert b.comm_ns == 20 + 60
+    assert b.overlap_ns == 30  # 70..100: the async op under compute
+    assert b.exposed_comm_ns == 20 + 30
+
+
 def test_breakdown_blocked_send_recv_is_bubble_not_exposed_comm():
     # a stage: recv blocks 0..30 (waiting on its neighbour), forward 30..50, send 50..52, a dp
     # all_reduce issued 60, waited on 60..70.

@@ -37,7 +37,8 @@ class Config(Protocol):
     """What the life cycle reads of a command's config."""
 
     backend: str
-    # device: str (bench, run): --device, where the tensors live; a command without one runs on its backend's
+    # bench's and run's configs also hold `device` (--device, where the tensors live), read with getattr: a
+    # command without one (profile) runs where its backend does
     nproc: int | None
     timeout_s: float
     huge_pages: bool

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from commprof import cli, commands, kernels, lifecycle, sweep
+from commprof.backends import DEVICES
 from commprof.bench import command as bench
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import BACKENDS
@@ -109,6 +110,7 @@ class Flag:
 
 BENCH = (
     Flag(("--backend",), names(BACKENDS, ("tcp", "NCCL", ""))),
+    Flag(("--device",), names(DEVICES, ("gpu", "CUDA", ""))),
     Flag(("--algo",), comma_list([kernels.LIBRARY, *kernels.names()])),
     Flag(("--nproc",), INTS),
     Flag(("--group-sizes",), GROUPS),
@@ -148,6 +150,7 @@ RUN = (
     Flag(("--model",), names(MODELS, ("nope", "resnet", "GPT2"))),
     Flag(("--list-models",), None),
     Flag(("--backend",), names(BACKENDS, ("tcp", "NCCL", ""))),
+    Flag(("--device",), names(DEVICES, ("gpu", "CUDA", ""))),
     Flag(("--nproc",), INTS),
     Flag(("--data",), names(run.DATA, ("imagenet", ""))),
     Flag(("--data-dir",), PATHS),

@@ -69,9 +69,10 @@ class RoutedGroup(_Routing, dist.ProcessGroup):
 
 class Logged(Work):
     """What the reducer waits on: the op's future, chained so it completes only once Comm has logged the op
-    (on CPU Comm's completion callback comes first) — a reducer woken by the backend's own future could end
-    the step first. On CUDA the op is complete on a stream that waits on it, from a callback chained at issue
-    (Handle.complete_on_stream): run on an H100 (tests/test_gpu.py), the bucket all-reduce is logged."""
+    (on CPU Handle.get_future completes after the op's logging) — a reducer woken by the backend's own
+    future could end the step first. On CUDA the op is complete on a stream that waits on it, from a
+    callback chained at issue (Handle.complete_on_stream): run on an H100 (tests/test_gpu.py), the bucket
+    all-reduce is logged."""
 
     def __init__(self, handle) -> None:
         super().__init__()

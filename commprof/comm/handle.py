@@ -71,10 +71,29 @@ class Handle:
         return self._waited or self._end is not None
 
     def get_future(self):
-        """The backend's future (torch works; before wait()), for callers that chain on it; None where the
-        backend has none for this op (an MPI request, gloo's send and recv)."""
+        """A future for callers that chain on the op (before wait()): on CPU it completes once the op is in
+        the op log, on CUDA it is the backend's (complete_on_stream chains on it); None where the backend has
+        none for this op (an MPI request, gloo's send and recv)."""
+        return self.logged(self.backend_future())
+
+    def backend_future(self):
+        """The backend's own future (torch works; before wait()), or None."""
         future_of = getattr(self._comm, "future_of", None)
         return future_of(self._work, self._name) if future_of is not None else None
+
+    def logged(self, future):
+        """`future` (the backend's, or None) chained so that on CPU it completes only after the op is logged.
+        Callbacks on one future run in the order they were added, but one added once it has completed runs
+        at once on the caller's thread, while the backend's thread may still wait for the GIL to run the
+        completion callback added at issue: a caller woken that way (DDP's reducer) could end the iteration
+        before the op is in its log, and the op would then be counted in the next one, or in none."""
+        if future is None or self._comm.clock.kind == "cuda":
+            return future
+        return future.then(self._logged)
+
+    def _logged(self, future):
+        self._completed(time.perf_counter_ns())  # nothing if the backend's callback or a wait() logged it first
+        return future.value()
 
     def wait(self) -> None:
         if self._waited:

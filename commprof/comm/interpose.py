@@ -75,7 +75,7 @@ class Work(c10d.Work):
     def __init__(self, handle, after=None) -> None:
         super().__init__()
         self._handle, self._after = handle, after
-        self._future = handle.get_future()  # taken now: the handle lets its backend work go once waited on
+        self._future = handle.backend_future()  # taken now: the handle lets its backend work go once waited on
 
     def wait(self, timeout=None) -> bool:
         self._handle.wait()
@@ -99,7 +99,7 @@ class Work(c10d.Work):
                 done.set_result(None)
                 return done
             raise RuntimeError("this backend's work has no future")
-        return self._future
+        return self._handle.logged(self._future)  # on CPU, what chains on it runs once the op is in the log
 
 
 class Interposer:

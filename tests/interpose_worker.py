@@ -148,6 +148,18 @@ def main() -> int:
         failures.append(f"broadcast_object_list gave {box}")
     expected += [("broadcast", 8, "world"), ("broadcast", len(pickle.dumps("from the last rank")), "world")]
 
+    # the coalesced forms: one op over the tensors laid end to end, as gloo sends them
+    pair = [torch.ones(2), torch.full((1, 3), float(r))]
+    dist.all_reduce_coalesced(pair)
+    check("all_reduce_coalesced", torch.cat([t.reshape(-1) for t in pair]),
+          torch.tensor([float(n)] * 2 + [n * (n - 1) / 2] * 3))
+    expected.append(("all_reduce", 5 * 4, "world"))
+    lists = [[torch.empty(2), torch.empty(1, 3)] for _ in range(n)]
+    c10d.all_gather_coalesced(lists, [torch.full((2,), float(r)), torch.full((1, 3), 10.0 + r)])
+    check("all_gather_coalesced", torch.stack([torch.cat([a, b.reshape(-1)]) for a, b in lists]),
+          torch.stack([torch.tensor([float(s)] * 2 + [10.0 + s] * 3) for s in range(n)]))
+    expected.append(("all_gather", n * 5 * 4, "world"))
+
     # what Comm has no form for runs as torch's own, counted as unseen; what torch's own function calls by
     # distributed_c10d's names is torch's too (all_gather_into_tensor calls all_gather_single): no op
     splits = [1] * n

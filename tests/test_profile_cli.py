@@ -169,8 +169,13 @@ for _ in range(3):
     assert funcol.broadcast(torch.full((3,), float(r)), 0, world).wait().tolist() == [0.0] * 3
     assert funcol.all_to_all_single(torch.full((n,), float(r)), None, None, world).wait().tolist() == \\
         [float(i) for i in range(n)]
-    out = funcol.all_reduce_coalesced([torch.ones(2), torch.ones(3)], "sum", world)
-    assert [t.wait().tolist() for t in out] == [[float(n)] * 2, [float(n)] * 3]
+    out = funcol.all_reduce_coalesced([torch.ones(2), torch.full((3,), float(r))], "sum", world)
+    assert [t.wait().tolist() for t in out] == [[float(n)] * 2, [n * (n - 1) / 2] * 3]
+    out = funcol.all_gather_into_tensor_coalesced([torch.full((2,), float(r)), torch.full((1, 3), 10.0 + r)], world)
+    assert [t.wait().tolist() for t in out] == [[float(i) for i in range(n) for _ in range(2)],
+                                                [[10.0 + i] * 3 for i in range(n)]]
+    out = funcol.reduce_scatter_tensor_coalesced([torch.arange(2.0 * n), torch.ones(n, 2)], "sum", [0, 0], world)
+    assert [t.wait().tolist() for t in out] == [[2.0 * r * n, (2.0 * r + 1) * n], [[float(n)] * 2]]
     dist.all_reduce(torch.ones(8))
 dist.destroy_process_group()
 """
@@ -214,19 +219,21 @@ def test_ddp_of_scalar_parameters_checks_the_model_as_torch_does(tmp_path):
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
     # the ops DTensor, tensor parallelism and FSDP2's clip_grad_norm_ and full_tensor() dispatch: timed and
-    # counted with their bytes beside the script's own all_reduce, each once; the coalesced form is torch's
+    # counted with their bytes beside the script's own all_reduce, each once, the coalesced forms too
     script = tmp_path / "funcol.py"
     script.write_text(FUNCTIONAL)
     out = tmp_path / "out.json"
     proc = commprof("profile", "--nproc", str(nproc), "--json", str(out), str(script))
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["unseen"] == {"functional all_reduce_coalesced": nproc * 3}  # every rank, three calls each
+    assert doc["unseen"] == {}
+    # each coalesced call one op over its tensors end to end, as gloo sends it: an all_reduce of 5 floats, an
+    # all_gather of 5 a rank, a reduce_scatter of 4 a rank
     outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-    assert outside == {"all_reduce": (3 * 3, 3 * (32 + 16 + 32)), "all_gather": (3, 3 * nproc * 8),
-                       "reduce_scatter": (3, 3 * nproc * 16), "broadcast": (3, 3 * 12),
+    assert outside == {"all_reduce": (3 * 4, 3 * (32 + 16 + 20 + 32)), "all_gather": (3 * 2, 3 * nproc * (8 + 20)),
+                       "reduce_scatter": (3 * 2, 3 * nproc * (16 + 16)), "broadcast": (3, 3 * 12),
                        "all_to_all": (3, 3 * nproc * 4)}
-    assert "functional all_reduce_coalesced ×" in proc.stdout
+    assert "unseen" not in proc.stdout
 
 
 COMPILED = """\

@@ -11,9 +11,11 @@ CompositeExplicitAutograd kernel): each issues the op on its group's Comm — ti
 there like every other op — and hands torch the Work to wait on (`wait_tensor`, which the result's first use
 or the compiled graph calls), so the result completes as torch's would. Routed: all_reduce (and in place),
 all_gather_into_tensor (and _out), reduce_scatter_tensor, broadcast (and in place), all_to_all_single with
-equal splits. Run by torch's own kernel and counted in `unseen` as "functional <op>": the coalesced forms,
-a reduction Comm has no form for, unequal splits, and every op on a device other than the CPU (NCCL's
-stream order is torch's to keep).
+equal splits, and the coalesced forms (all_reduce_coalesced and in place, all_gather_into_tensor_coalesced,
+reduce_scatter_tensor_coalesced), each as one op over its tensors laid end to end — what gloo itself sends
+for them. Run by torch's own kernel and counted in `unseen` as "functional <op>": a reduction Comm has no
+form for, unequal splits, tensors of several dtypes in one coalesced call, and every op on a device other
+than the CPU (NCCL's stream order is torch's to keep).
 
 Exercised by: `pytest tests/test_profile_cli.py -k "functional or compiled or native"`.
 """
@@ -23,14 +25,14 @@ from __future__ import annotations
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm.interpose import Work
+from commprof.comm.interpose import Work, one_dtype
 
 _REDUCE = {"sum": "sum", "avg": "avg", "product": "prod", "min": "min", "max": "max"}
 """Functional reduce-op names → Comm's."""
 
-COUNTED = ("all_reduce_coalesced", "all_reduce_coalesced_", "all_gather_into_tensor_coalesced",
-           "reduce_scatter_tensor_coalesced")
-"""Ops left to torch on every device, counted."""
+COALESCED = ("all_reduce_coalesced", "all_reduce_coalesced_", "all_gather_into_tensor_coalesced",
+             "reduce_scatter_tensor_coalesced")
+"""The coalesced forms: each one flat op on CPU tensors."""
 
 _LIB: list = []
 _TORCH = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
@@ -46,14 +48,10 @@ def install(interposer) -> None:
     _LIB.append(lib)
     kernels = _Kernels(interposer)
     for name in ("all_reduce", "all_reduce_", "all_gather_into_tensor", "all_gather_into_tensor_out",
-                 "reduce_scatter_tensor", "broadcast", "broadcast_", "all_to_all_single"):
+                 "reduce_scatter_tensor", "broadcast", "broadcast_", "all_to_all_single", *COALESCED):
         if hasattr(ops, name):
             lib.impl(name, getattr(kernels, name), "CPU")
             lib.impl(name, kernels.counted(name), "CUDA")
-    for name in COUNTED:
-        if hasattr(ops, name):
-            for key in ("CPU", "CUDA"):
-                lib.impl(name, kernels.counted(name), key)
 
 
 def uninstall() -> None:
@@ -80,9 +78,12 @@ class _Kernels:
         return lambda *args, **kwargs: self._torch(name, *args, **kwargs)
 
     @staticmethod
-    def _pending(out, handle):
-        """`out`, completed when torch's wait_tensor waits on the op (interpose's Work: Comm's wait)."""
-        torch._C._distributed_c10d._register_work(out, Work(handle))
+    def _pending(out, handle, after=None):
+        """`out` (a tensor or a list of them), completed when torch's wait_tensor waits on the op (interpose's
+        Work: Comm's wait, then `after`, which fills the outputs of a coalesced op, once)."""
+        work = Work(handle, after)
+        for tensor in out if isinstance(out, list) else (out,):
+            torch._C._distributed_c10d._register_work(tensor, work)
         return out
 
     def all_reduce_(self, input, reduce_op, group_name):
@@ -133,3 +134,55 @@ class _Kernels:
             return self._torch("all_to_all_single", input, output_split_sizes, input_split_sizes, group_name)
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
         return self._pending(out, comm.all_to_all(out, input.contiguous(), async_op=True))
+
+    # ---- the coalesced forms: one op over the tensors laid end to end ----------------------------------
+    def all_reduce_coalesced_(self, inputs, reduce_op, group_name):
+        op = _REDUCE.get(reduce_op.lower())
+        if op is None or not one_dtype(inputs):
+            return self._torch("all_reduce_coalesced_", inputs, reduce_op, group_name)
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        handle = self._comm(group_name).all_reduce(flat, op=op, async_op=True)
+
+        def unflatten() -> None:
+            for t, piece in zip(inputs, flat.split([t.numel() for t in inputs])):
+                t.copy_(piece.view(t.shape))
+
+        return self._pending(list(inputs), handle, unflatten)
+
+    def all_reduce_coalesced(self, inputs, reduce_op, group_name):
+        if _REDUCE.get(reduce_op.lower()) is None:
+            return self._torch("all_reduce_coalesced", inputs, reduce_op, group_name)
+        return self.all_reduce_coalesced_([t.clone(memory_format=torch.contiguous_format) for t in inputs],
+                                          reduce_op, group_name)
+
+    def all_gather_into_tensor_coalesced(self, inputs, group_size, group_name):
+        if not one_dtype(inputs):
+            return self._torch("all_gather_into_tensor_coalesced", inputs, group_size, group_name)
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        gathered = flat.new_empty(group_size * flat.numel())
+        handle = self._comm(group_name).all_gather(gathered, flat, async_op=True)
+        outs = [t.new_empty((t.shape[0] * group_size, *t.shape[1:]) if t.dim() else (group_size,)) for t in inputs]
+
+        def unflatten() -> None:  # rank r's piece of tensor i lies at [r, offset_i : offset_i + numel_i]
+            by_rank = gathered.view(group_size, -1).split([t.numel() for t in inputs], dim=1)
+            for out, piece in zip(outs, by_rank):
+                out.view(group_size, -1).copy_(piece)
+
+        return self._pending(outs, handle, unflatten)
+
+    def reduce_scatter_tensor_coalesced(self, inputs, reduce_op, group_size, group_name):
+        op = _REDUCE.get(reduce_op.lower())
+        if op is None or not one_dtype(inputs) or any(t.dim() == 0 or t.shape[0] % group_size for t in inputs):
+            return self._torch("reduce_scatter_tensor_coalesced", inputs, reduce_op, group_size, group_name)
+        # rank-major: chunk r of every tensor, then chunk r + 1 of every tensor
+        flat = torch.cat([t.reshape(group_size, -1) for t in inputs], dim=1).reshape(-1)
+        reduced = flat.new_empty(flat.numel() // group_size)
+        handle = self._comm(group_name).reduce_scatter(reduced, flat, op=op, async_op=True)
+        outs = [t.new_empty((t.shape[0] // group_size, *t.shape[1:])) for t in inputs]
+
+        def unflatten() -> None:
+            for out, piece in zip(outs, reduced.split([o.numel() for o in outs])):
+                out.copy_(piece.view(out.shape))
+
+        return self._pending(outs, handle, unflatten)
+

@@ -18,12 +18,13 @@ never counted twice, and commprof's control traffic is never the script's.
 
 Routed: all_reduce, all_gather_into_tensor, all_gather (list), reduce_scatter_tensor, reduce_scatter (list),
 broadcast, reduce, all_to_all (equal shapes), all_to_all_single (equal splits), barrier, send, recv, isend,
-irecv, batch_isend_irecv; sync and async, any process group. `P2POp` becomes a subclass that accepts the
+irecv, batch_isend_irecv; sync and async, any process group. all_reduce_coalesced and all_gather_coalesced,
+synchronous: one op over the tensors laid end to end, as gloo sends them. `P2POp` becomes a subclass that accepts the
 rebound isend/irecv (torch's own check compares against its originals; pipelining compares `op.op` with
 `dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by name): what Comm has no form
 for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a tensor that is not contiguous,
-recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call), and
-gather, scatter, the coalesced forms and monitored_barrier, which Comm has no form for at all.
+recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call, an async
+or mixed-dtype coalesced call), and gather, scatter and monitored_barrier, which Comm has no form for at all.
 Functional collectives are not these functions' to see: comm/functional.py routes them. Not seen at all:
 calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it), and isend, irecv and
 batch_isend_irecv by `distributed_c10d`'s name (torch compares a P2POp's op with that module's own by
@@ -58,10 +59,11 @@ and _get_default_group() are calls, and each Python call costs about 1 µs right
 
 ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
           "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "send", "recv", "isend", "irecv",
-          "batch_isend_irecv", "all_gather_single", "reduce_scatter_single")
+          "batch_isend_irecv", "all_gather_single", "reduce_scatter_single", "all_reduce_coalesced",
+          "all_gather_coalesced")
 """The `torch.distributed` names install() rebinds (those this torch has: the `_single` names, FSDP2's,
 are new in 2.10)."""
-UNSEEN = ("gather", "scatter", "all_reduce_coalesced", "all_gather_coalesced", "monitored_barrier")
+UNSEEN = ("gather", "scatter", "monitored_barrier")
 """Collectives Comm has no form for, rebound only to be counted in `unseen` as they run as torch's own."""
 P2P_BY_NAME = ("isend", "irecv", "batch_isend_irecv")
 """Names rebound in the `torch.distributed` namespace only, never in distributed_c10d: torch's P2POp and
@@ -266,6 +268,30 @@ class Interposer:
         self.comm(group).barrier()
         return None
 
+    def all_reduce_coalesced(self, tensors, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        """One all_reduce over the tensors laid end to end, as gloo sends them (synchronous calls; torch's
+        async form returns a bare Future, which nothing here could fill the tensors from)."""
+        name = _OPS.get(op)
+        if async_op or name is None or not one_dtype(tensors) or tensors[0].is_complex():
+            return self._torch("all_reduce_coalesced", tensors, op=op, group=group, async_op=async_op)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.comm(group).all_reduce(flat, op=name)
+        for t, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(piece.view(t.shape))
+
+    def all_gather_coalesced(self, output_tensor_lists, input_tensor_list, group=None, async_op=False):
+        """One all_gather of the tensors laid end to end (synchronous calls, as all_reduce_coalesced)."""
+        if async_op or not one_dtype(input_tensor_list) or input_tensor_list[0].is_complex():
+            return self._torch("all_gather_coalesced", output_tensor_lists, input_tensor_list, group=group,
+                               async_op=async_op)
+        comm = self.comm(group)
+        flat = torch.cat([t.reshape(-1) for t in input_tensor_list])
+        gathered = flat.new_empty(comm.world_size * flat.numel())
+        comm.all_gather(gathered, flat)
+        for outs, row in zip(output_tensor_lists, gathered.view(comm.world_size, -1)):
+            for out, piece in zip(outs, row.split([t.numel() for t in input_tensor_list])):
+                out.copy_(piece.view(out.shape))
+
     def _torch(self, name: str, *args, **kwargs):
         """torch's own `name`, counted as unseen; whatever it calls by distributed_c10d's names is torch's too
         (all_gather_into_tensor calls all_gather_single: not a second op)."""
@@ -281,6 +307,11 @@ def _work(handle, after=None):
             after()
         return None
     return Work(handle, after)
+
+
+def one_dtype(tensors) -> bool:
+    """Whether the tensors of a coalesced call can be laid end to end in one: at least one, all of one dtype."""
+    return bool(tensors) and len({t.dtype for t in tensors}) == 1
 
 
 def _peer(comm, rank, group_rank) -> int:

@@ -185,4 +185,3 @@ class _Kernels:
                 out.copy_(piece.view(out.shape))
 
         return self._pending(outs, handle, unflatten)
-

@@ -18,13 +18,14 @@ never counted twice, and commprof's control traffic is never the script's.
 
 Routed: all_reduce, all_gather_into_tensor, all_gather (list), reduce_scatter_tensor, reduce_scatter (list),
 broadcast, reduce, all_to_all (equal shapes), all_to_all_single (equal splits), barrier, send, recv, isend,
-irecv, batch_isend_irecv; sync and async, any process group. all_reduce_coalesced and all_gather_coalesced,
-synchronous: one op over the tensors laid end to end, as gloo sends them. `P2POp` becomes a subclass that accepts the
-rebound isend/irecv (torch's own check compares against its originals; pipelining compares `op.op` with
-`dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by name): what Comm has no form
-for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a tensor that is not contiguous,
-recv from any source, a batch of more than one p2p op on NCCL — NCCL needs them in one group call, an async
-or mixed-dtype coalesced call), and gather, scatter and monitored_barrier, which Comm has no form for at all.
+irecv, batch_isend_irecv; sync and async, any process group; all_reduce_coalesced and all_gather_coalesced,
+synchronous, as one op over the tensors laid end to end (what gloo sends for them). `P2POp` becomes a
+subclass that accepts the rebound isend/irecv (torch's own check compares against its originals; pipelining
+compares `op.op` with `dist.isend`, which stays true). Run as torch's own and counted in `unseen` (by
+name): what Comm has no form for (a PREMUL_SUM reduction, unequal all_to_all splits, an async barrier, a
+tensor that is not contiguous, recv from any source, a batch of more than one p2p op on NCCL — NCCL needs
+them in one group call, an async or mixed-dtype coalesced call), and gather, scatter and monitored_barrier,
+which Comm has no form for at all.
 Functional collectives are not these functions' to see: comm/functional.py routes them. Not seen at all:
 calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it), and isend, irecv and
 batch_isend_irecv by `distributed_c10d`'s name (torch compares a P2POp's op with that module's own by

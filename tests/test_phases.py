@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from spawn import spawn
 
+from commprof.record import hooks
+from commprof.record.clock import CpuClock
 from commprof.record.phases import breakdown, intersect, length, subtract, union
+from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume, volume_table, wire_factor
 
 HERE = Path(__file__).parent
@@ -61,6 +64,32 @@ def test_breakdown_blocked_send_recv_is_bubble_not_exposed_comm():
     assert b.compute_ns == 30
     assert b.comm_by_group_ns == {"dp": 10, "pp": 32}
     assert b.schedule_ns == 52  # recv issued at 0 … send done at 52
+
+
+def test_an_op_logged_as_an_iteration_is_taken_is_never_lost(monkeypatch):
+    # An async op completes on a backend's thread whenever it does: here one lands while the tracker
+    # reads the iteration's ops, and one between the take of set-up's ops and the iteration's start.
+    recorder = OpRecorder(CpuClock)
+    tracker = hooks.Tracker(recorder, warmup=0)
+    log = recorder.ops.append
+
+    def op(name: str, nbytes: int) -> None:
+        now = CpuClock.now()
+        log((name, nbytes, 2, now, now + 1, True, "world"))
+
+    op("broadcast", 4)  # set-up
+    begin = tracker.phases.begin
+    monkeypatch.setattr(tracker.phases, "begin", lambda *a, **k: (op("all_gather", 16), begin(*a, **k)))
+    tracker.begin()
+    op("all_reduce", 8)
+    measured = recorder.ops[-1:]
+    volume = hooks.step_volume
+    monkeypatch.setattr(hooks, "step_volume", lambda ops: (op("reduce_scatter", 32), volume(ops))[1])
+    tracker.end()
+    assert tracker.volumes == [step_volume(measured)]
+    tracker.finish()
+    assert sorted(o[0] for o in tracker.outside) == ["all_gather", "broadcast", "reduce_scatter"]
+    assert recorder.ops == []
 
 
 def test_volume_wire_factors_and_prediction_table():

@@ -79,8 +79,7 @@ class Tracker:
     def begin(self) -> None:
         if self.open:
             return
-        self.outside += self.recorder.ops[:len(self.recorder.ops)]
-        self.recorder.clear()
+        self._take_outside()
         if self.index == self.warmup:
             ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
             self._measuring = True
@@ -105,11 +104,20 @@ class Tracker:
             self.volumes.append(step_volume(self.phases.ops()))
         else:
             self.outside += self.phases.ops()
-        self.recorder.clear()
+        first, last, waits = self.phases.read()
+        self.outside += self.recorder.ops[:first]  # logged after the last take, before this iteration began
+        self.recorder.drop(last, waits)
         self.index += 1
         if self.progress is not None:
             self.progress.advance(split.wall_ns * MS)
         self.open = False
+
+    def _take_outside(self) -> None:
+        """Move the log's ops, none of an iteration, to `outside`: those read, so that an async op a backend
+        thread logs between the read and the removal is not lost but taken next."""
+        ops = self.recorder.ops[:]
+        self.outside += ops
+        self.recorder.drop(len(ops), len(self.recorder.waits))
 
     def step(self) -> None:
         """The script's own end of an iteration (commprof.step())."""
@@ -136,8 +144,7 @@ class Tracker:
         if self._measuring:
             ANNOTATOR.pop_unfinished(self._ended_ns)
             self._measuring = False
-        self.outside += self.recorder.ops[:]
-        self.recorder.clear()
+        self._take_outside()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -179,6 +179,8 @@ class Phases:
         self.spans = []
         self._op_mark = len(self.recorder.ops)
         self._wait_mark = len(self.recorder.waits)
+        self._op_end: int | None = None
+        self._wait_end: int | None = None
         self.aligned = aligned
         if aligned:
             aligned_iterations.start(self.recorder)
@@ -192,9 +194,11 @@ class Phases:
         if self.aligned:
             aligned_iterations.stop(self.recorder)
             self.aligned = False
-        ops = self.recorder.ops[self._op_mark:]
+        # what end() reads is the iteration's, however many ops complete later on a backend's thread
+        self._op_end, self._wait_end = len(self.recorder.ops), len(self.recorder.waits)
+        ops = self.recorder.ops[self._op_mark:self._op_end]
         if not self.cuda:
-            waits = self.recorder.waits[self._wait_mark:]
+            waits = self.recorder.waits[self._wait_mark:self._wait_end]
             return breakdown(start=self._start, end=end, phases=self.spans, ops=ops, waits=waits)
         end.synchronize()  # this iteration's last event: everything before it on the stream is done
         first = self._start
@@ -210,5 +214,11 @@ class Phases:
         return breakdown(start=0, end=ns(end), phases=spans, ops=ops, waits=None)
 
     def ops(self) -> list[tuple]:
-        """The comm ops logged since the iteration began."""
-        return self.recorder.ops[self._op_mark:]
+        """The comm ops logged since the iteration began, up to its end once it has ended."""
+        return self.recorder.ops[self._op_mark:self._op_end]
+
+    def read(self) -> tuple[int, int, int]:
+        """Where the ended iteration's ops begin and end in the log, and how many of its waits the log held
+        at its end (with those before it): entries before the first are of no iteration, and recorder.drop
+        removes what was read."""
+        return self._op_mark, self._op_end, self._wait_end

@@ -91,3 +91,9 @@ class OpRecorder:
     def clear(self) -> None:
         self.ops.clear()
         self.waits.clear()
+
+    def drop(self, ops: int, waits: int) -> None:
+        """Remove the first `ops` entries of the log and the first `waits` waits, those a reader took: an async
+        op a backend thread logs meanwhile stays, for the next reader (clear() would lose it)."""
+        del self.ops[:ops]
+        del self.waits[:waits]

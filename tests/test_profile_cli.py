@@ -13,6 +13,8 @@ import torch
 from invariants import check_run
 from spawn import commprof, env_for_tests, spawn
 
+from commprof.comm import seen
+
 SCRIPTS = Path(__file__).with_name("scripts")
 
 
@@ -234,6 +236,58 @@ def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
                        "reduce_scatter": (3 * 2, 3 * nproc * (16 + 16)), "broadcast": (3, 3 * 12),
                        "all_to_all": (3, 3 * nproc * 4)}
     assert "unseen" not in proc.stdout
+
+
+BY_THE_BACKEND = """\
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+dist.init_process_group()
+rank, n = dist.get_rank(), dist.get_world_size()
+world = dist.group.WORLD
+pair = dist.new_group([0, 1])
+for _ in range(3):
+    t = torch.full((4,), float(rank + 1))
+    world.allreduce([t]).wait()                      # the group's own method
+    assert t.tolist() == [n * (n + 1) / 2] * 4, t
+    out = torch.zeros(2 * n)
+    world._allgather_base(out, torch.full((2,), float(rank))).wait()
+    assert out.tolist() == [float(r) for r in range(n) for _ in range(2)], out
+    part = torch.zeros(3)
+    world._reduce_scatter_base(part, torch.arange(3.0 * n)).wait()
+    assert part.tolist() == [n * (3.0 * rank + i) for i in range(3)], part
+    if rank < 2:
+        u = torch.full((8,), float(rank))
+        pair.broadcast(u, 1).wait()
+        assert u.tolist() == [1.0] * 8
+    if rank == 0:
+        c10d.isend(torch.ones(3), 1).wait()          # by distributed_c10d's name
+    elif rank == 1:
+        got = torch.zeros(3)
+        c10d.irecv(got, 0).wait()
+        assert got.tolist() == [1.0] * 3
+    dist.all_reduce(torch.ones(2))                   # the interposed function: once, not twice
+    box = [torch.zeros(1) for _ in range(n)] if rank == 0 else []
+    opts = dist.GatherOptions()
+    opts.rootRank = 0
+    world.gather([box] if rank == 0 else [], [torch.ones(1)], opts).wait()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(seen.Backend is None, reason="this torch's Backend has no Python constructor (2.11 or older)")
+def test_what_reaches_the_backend_by_other_ways_is_counted_once(tmp_path):
+    # a group's own methods and isend/irecv by distributed_c10d's name, which no wrapper sees, reach the
+    # group's backend: each counted there, once, with its bytes; an interposed all_reduce is not counted twice
+    script = tmp_path / "backend.py"
+    script.write_text(BY_THE_BACKEND)
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "3", "--json", str(out), str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["unseen"] == {"gather": 3 * 3}  # Comm has no gather: gloo's, counted on every rank
+    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+    assert outside == {"all_reduce": (3 * 2, 3 * (16 + 8)), "all_gather": (3, 3 * 3 * 8),
+                       "reduce_scatter": (3, 3 * 3 * 12), "broadcast (ranks0-1)": (3, 3 * 32), "send": (3, 3 * 12)}
 
 
 COMPILED = """\

@@ -26,6 +26,7 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm.interpose import Work, one_dtype
+from commprof.comm.torch_own import own
 
 _REDUCE = {"sum": "sum", "avg": "avg", "product": "prod", "min": "min", "max": "max"}
 """Functional reduce-op names → Comm's."""
@@ -72,7 +73,8 @@ class _Kernels:
     def _torch(self, name: str, *args, **kwargs):
         """torch's own kernel for op `name`, counted as unseen."""
         self._interposer.unseen[f"functional {name}"] += 1
-        return getattr(torch.ops._c10d_functional, name).default.redispatch(_TORCH, *args, **kwargs)
+        with own():  # counted here: the group's backend (comm/seen.py) must not count it again
+            return getattr(torch.ops._c10d_functional, name).default.redispatch(_TORCH, *args, **kwargs)
 
     def counted(self, name: str):
         return lambda *args, **kwargs: self._torch(name, *args, **kwargs)

@@ -25,9 +25,12 @@ _PG = dist.ProcessGroup
 _WORLD = dist._world
 """torch's record of its groups: `_default_pg` the default one (an attribute; the function is a call more)."""
 # torch 2.10 renamed the single-tensor methods; the old names stay for older torch
-_ALL_GATHER = getattr(_PG, "all_gather_single", None) or _PG._allgather_base
-_REDUCE_SCATTER = getattr(_PG, "reduce_scatter_single", None) or _PG._reduce_scatter_base
-_ALL_TO_ALL = getattr(_PG, "all_to_all_single", None) or _PG.alltoall_base
+_ALL_GATHER = "all_gather_single" if hasattr(_PG, "all_gather_single") else "_allgather_base"
+_REDUCE_SCATTER = "reduce_scatter_single" if hasattr(_PG, "reduce_scatter_single") else "_reduce_scatter_base"
+_ALL_TO_ALL = "all_to_all_single" if hasattr(_PG, "all_to_all_single") else "alltoall_base"
+GLOO_BEHIND: dict = {}
+"""id(process group) -> its gloo backend, for a group whose CPU backend comm/seen.py put itself in front of:
+GlooComm calls gloo there itself (calling the group would pass through that Python backend: 24 µs an op)."""
 
 
 def _options(kind, async_op: bool, **fields):
@@ -56,21 +59,23 @@ class GlooComm(TorchComm):
         self._all_to_all_opts = (_options(dist.AllToAllOptions, False), _options(dist.AllToAllOptions, True))
 
     def _process_group(self, *tensors):
-        """The ProcessGroup to call, or None where torch's Python layer has work to do for this call (see the
-        module docstring) or the default group is gone (torch's function then says so)."""
+        """The ProcessGroup to call (its gloo backend, where comm/seen.py stands in front of it), or None where
+        torch's Python layer has work to do for this call (see the module docstring) or the default group is gone
+        (torch's function then says so)."""
         if self._coalescing or any(t.is_complex() or _has_torch_function_unary(t) for t in tensors):
             return None
         # looked up per call, never held: a Comm sits in a reference cycle with its op log, and a gloo group
         # that only the cyclic collector frees may be freed at interpreter exit, while gloo's threads still
         # run — the process then aborts ("terminate called without an active exception")
-        return self._group if self._group is not None else _WORLD._default_pg
+        pg = self._group if self._group is not None else _WORLD._default_pg
+        return GLOO_BEHIND.get(id(pg), pg)
 
     def _all_reduce(self, tensor, op, output, async_op):  # _process_group inlined: the op most calls are
         pg = self._group if self._group is not None else _WORLD._default_pg
         if output is not None or pg is None or self._coalescing or tensor.is_complex() \
                 or _has_torch_function_unary(tensor):
             return super()._all_reduce(tensor, op, output, async_op)
-        work = pg.allreduce([tensor], self._allreduce_opts[op, async_op])
+        work = GLOO_BEHIND.get(id(pg), pg).allreduce([tensor], self._allreduce_opts[op, async_op])
         if async_op:
             return work
         work.wait()
@@ -79,7 +84,7 @@ class GlooComm(TorchComm):
         pg = self._process_group(output, input)
         if pg is None:
             return super()._all_gather(output, input, async_op)
-        work = _ALL_GATHER(pg, output, input, self._all_gather_opts[async_op])
+        work = getattr(pg, _ALL_GATHER)(output, input, self._all_gather_opts[async_op])
         if async_op:
             return work
         work.wait()
@@ -88,7 +93,7 @@ class GlooComm(TorchComm):
         pg = self._process_group(output, input)
         if pg is None:
             return super()._reduce_scatter(output, input, op, async_op)
-        work = _REDUCE_SCATTER(pg, output, input, self._reduce_scatter_opts[op, async_op])
+        work = getattr(pg, _REDUCE_SCATTER)(output, input, self._reduce_scatter_opts[op, async_op])
         if async_op:
             return work
         work.wait()
@@ -115,7 +120,7 @@ class GlooComm(TorchComm):
         pg = self._process_group(output, input)
         if pg is None:
             return super()._all_to_all(output, input, async_op)
-        work = _ALL_TO_ALL(pg, output, input, [], [], self._all_to_all_opts[async_op])
+        work = getattr(pg, _ALL_TO_ALL)(output, input, [], [], self._all_to_all_opts[async_op])
         if async_op:
             return work
         work.wait()

@@ -26,10 +26,10 @@ name): what Comm has no form for (a PREMUL_SUM reduction, unequal all_to_all spl
 tensor that is not contiguous, recv from any source, a batch of more than one p2p op on NCCL — NCCL needs
 them in one group call, an async or mixed-dtype coalesced call), and gather, scatter and monitored_barrier,
 which Comm has no form for at all.
-Functional collectives are not these functions' to see: comm/functional.py routes them. Not seen at all:
-calls made from C++ (DDP's reducer unless comm/ddp_reducer.py routes it), and isend, irecv and
-batch_isend_irecv by `distributed_c10d`'s name (torch compares a P2POp's op with that module's own by
-identity, so those stay torch's there; send and recv by that name are routed).
+Functional collectives are not these functions' to see: comm/functional.py routes them. What no wrapper
+sees — calls made from C++, a group's own methods, isend, irecv and batch_isend_irecv by `distributed_c10d`'s
+name (torch compares a P2POp's op with that module's own by identity, so those stay torch's there) — reaches
+the group's gloo backend, where comm/seen.py sees it.
 
 Exercised by: `pytest tests/test_interpose.py`.
 """

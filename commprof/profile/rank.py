@@ -28,7 +28,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import deadline, job
 from commprof.backends import slots
-from commprof.comm import ddp_reducer, functional, interpose, join, rendezvous_address
+from commprof.comm import ddp_reducer, functional, interpose, join, rendezvous_address, seen
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
@@ -82,6 +82,7 @@ class Session:
         if cfg.ddp_reducer:
             ddp_reducer.install(self.interposer)
         functional.install(self.interposer)
+        seen.install(self.interposer)
         self.tracker = hooks.install(self.recorder, cfg.warmup)
         self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self.initialised = False
@@ -293,6 +294,7 @@ class Session:
         hooks.uninstall()
         ddp_reducer.uninstall()
         functional.uninstall()
+        seen.uninstall()
         dist.init_process_group, dist.destroy_process_group = self._saved
         interpose.uninstall()
         self.folder.discard()

@@ -52,6 +52,7 @@ PROMISES: dict[str, list[tuple]] = {
     "profile_cost": [("rows", 4, "workload"), ("rows", 4, "ms", "profiled")],
     "run_overhead": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "recording_cost_us")],
     "run_vs_torch": [("pairs", "ddp", "ratio"), ("pairs", "ddp", "ratio_ci95"), ("pairs", "fsdp", "ratio")],
+    "seen_backend": [("seen_minus_without_us",), ("seen_minus_without_ci95_us",), ("through_minus_without_us",)],
     "startup": [("summary", "help", "ratio"), ("summary", "help", "paired_ratio_ci95")],
     "stress": [("runs",), ("failures",)],
     "trace_overhead": [("summary", "nvtx_over_off", "median"), ("summary", "trace_over_off", "ci95"),

@@ -31,6 +31,19 @@ def volume(doc):
     return {op: (v["calls_per_step"], v["payload_bytes_per_step"]) for op, v in doc["volume"].items()}
 
 
+def outside(doc):
+    return {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
+
+
+def profiled(tmp_path, text: str, nproc: int, env=None):
+    """`text` as a script under `commprof profile --nproc N`, which must succeed: its JSON, and the process."""
+    script, out = tmp_path / "script.py", tmp_path / "out.json"
+    script.write_text(text)
+    proc = commprof("profile", "--nproc", str(nproc), "--json", str(out), str(script), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text()), proc
+
+
 @pytest.mark.parametrize("launcher,nproc", [("gloo", 2), ("gloo", 3), ("mpi", 2)])
 def test_every_call_of_a_plain_script_is_seen(tmp_path, launcher, nproc):
     doc, proc = profile(tmp_path, "--nproc", str(nproc), "--backend", launcher, script="collectives.py",
@@ -120,9 +133,8 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         # outside: DDP's constructor checks the model (an all_gather of parameter counts, a broadcast of rank
         # 0's sizes and strides: an int64 each), broadcasts every parameter and buffer from rank 0 (the float32
         # ones in one flat broadcast, num_batches_tracked in another), then each warm-up step's like any step's
-        outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
         shapes = 8 * sum(2 * v.dim() for v in tensors)
-        assert outside == {"all_gather": (1, 2 * 8), "all_reduce": (warm * reduced[0], warm * reduced[1]),
+        assert outside(doc) == {"all_gather": (1, 2 * 8), "all_reduce": (warm * reduced[0], warm * reduced[1]),
                            "broadcast": (1 + 2 + 2 * warm, shapes + params + buffers + warm * buffers)}
         assert doc["unseen"] == {}
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
@@ -130,8 +142,7 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         # outside: the warm-up step's, and the script's full_tensor() of every parameter at the end (functional
         # all-gathers, through Comm like the rest)
         assert doc["unseen"] == {}
-        outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-        assert outside == {"all_gather": (6 * warm + len(tensors), 2 * params * warm + params),
+        assert outside(doc) == {"all_gather": (6 * warm + len(tensors), 2 * params * warm + params),
                            "reduce_scatter": (3 * warm, params * warm)}
 
 
@@ -204,14 +215,8 @@ def test_ddp_of_scalar_parameters_checks_the_model_as_torch_does(tmp_path):
     # every parameter a scalar: DDP's model check still broadcasts rank 0's (empty) sizes and strides, as
     # torch's C++ does, so a rank whose model differs fails there on every rank; then one flat broadcast of
     # the parameters and an all_reduce of the 4-byte gradient a step
-    script = tmp_path / "scalar.py"
-    script.write_text(SCALAR_DDP)
-    out = tmp_path / "out.json"
-    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(out.read_text())
-    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-    assert outside == {"all_gather": (1, 2 * 8), "broadcast": (2, 0 + 4), "all_reduce": (4, 4 * 4)}, outside
+    doc, proc = profiled(tmp_path, SCALAR_DDP, 2)
+    assert outside(doc) == {"all_gather": (1, 2 * 8), "broadcast": (2, 0 + 4), "all_reduce": (4, 4 * 4)}
     assert volume(doc) == {"all_reduce": (1, 4)}
     # the gradient (3 + 6) / 2 = 4.5 a step, the same on both ranks
     finals = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("a ")]
@@ -231,8 +236,7 @@ def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
     assert doc["unseen"] == {}
     # each coalesced call one op over its tensors end to end, as gloo sends it: an all_reduce of 5 floats, an
     # all_gather of 5 a rank, a reduce_scatter of 4 a rank
-    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-    assert outside == {"all_reduce": (3 * 4, 3 * (32 + 16 + 20 + 32)), "all_gather": (3 * 2, 3 * nproc * (8 + 20)),
+    assert outside(doc) == {"all_reduce": (3 * 4, 3 * (32 + 16 + 20 + 32)), "all_gather": (3 * 2, 3 * nproc * (8 + 20)),
                        "reduce_scatter": (3 * 2, 3 * nproc * (16 + 16)), "broadcast": (3, 3 * 12),
                        "all_to_all": (3, 3 * nproc * 4)}
     assert "unseen" not in proc.stdout
@@ -278,15 +282,9 @@ dist.destroy_process_group()
 def test_what_reaches_the_backend_by_other_ways_is_counted_once(tmp_path):
     # a group's own methods and isend/irecv by distributed_c10d's name, which no wrapper sees, reach the
     # group's backend: each counted there, once, with its bytes; an interposed all_reduce is not counted twice
-    script = tmp_path / "backend.py"
-    script.write_text(BY_THE_BACKEND)
-    out = tmp_path / "out.json"
-    proc = commprof("profile", "--nproc", "3", "--json", str(out), str(script))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc, _ = profiled(tmp_path, BY_THE_BACKEND, 3)
     assert doc["unseen"] == {"gather": 3 * 3}  # Comm has no gather: gloo's, counted on every rank
-    outside = {op: (v["calls"], v["payload_bytes"]) for op, v in doc["outside_iterations"].items()}
-    assert outside == {"all_reduce": (3 * 2, 3 * (16 + 8)), "all_gather": (3, 3 * 3 * 8),
+    assert outside(doc) == {"all_reduce": (3 * 2, 3 * (16 + 8)), "all_gather": (3, 3 * 3 * 8),
                        "reduce_scatter": (3, 3 * 3 * 12), "broadcast (ranks0-1)": (3, 3 * 32), "send": (3, 3 * 12)}
 
 
@@ -308,13 +306,8 @@ dist.destroy_process_group()
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="inductor on CPU compiles C++")
 def test_an_all_reduce_inside_a_compiled_graph_is_counted(tmp_path):
-    script = tmp_path / "compiled.py"
-    script.write_text(COMPILED)
-    out = tmp_path / "out.json"
     env = env_for_tests(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # compiled here, not read back
-    proc = commprof("profile", "--nproc", "2", "--json", str(out), str(script), env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc, _ = profiled(tmp_path, COMPILED, 2, env=env)
     assert doc["unseen"] == {}
     assert doc["outside_iterations"] == {"all_reduce": {"calls": 3, "payload_bytes": 3 * 64, "wire_bytes": 3 * 64}}
 

@@ -10,15 +10,15 @@ Each group torch makes gets, for the CPU, a backend of commprof's own (`Seen`, a
 and later) in front of its gloo backend. The wrappers of interpose.py, functional.py and ddp_reducer.py stay:
 they see the Python call (its async semantics, its name, a form Comm lacks) before the backend does. What they
 route, the group's Comm (comm/gloo_comm.py) hands to gloo itself, past `Seen` (through it, a Python backend
-costs 24 µs an op); what they leave to torch runs inside `torch_own.own()`, and `Seen` hands it straight to
-gloo: an op is counted once. Anything else is issued through the group's Comm (timed, counted and
-NVTX-wrapped there) where Comm has its form — all_reduce, broadcast, reduce, all_gather_single,
-reduce_scatter_single and all_to_all_single of equal splits, send and recv of tag 0 — and otherwise runs as
-gloo's, counted in `unseen` by torch's backend name (e.g. `gather`). The group keeps its name ("gloo"); its
-barrier, which carries no tensor, goes to its default backend, gloo, unseen; shutdown, abort and coalescing
-stay gloo's (the group holds gloo's backend still, and calls it for them); splitting, sequence numbers and
-what the backend supports are gloo's, asked through `Seen`. A group `split_group` makes (it needs a device
-bound to the default group: a GPU) keeps its own backend, unseen.
+adds 31-43 µs an op: `python benchmarks/seen_backend.py`); what they leave to torch runs inside
+`torch_own.own()`, and `Seen` hands it straight to gloo: an op is counted once. Anything else is issued
+through the group's Comm (timed, counted and NVTX-wrapped there) where Comm has its form — all_reduce,
+broadcast, reduce, all_gather_single, reduce_scatter_single and all_to_all_single of equal splits, send and
+recv of tag 0 — and otherwise runs as gloo's, counted in `unseen` by torch's backend name (e.g. `gather`).
+The group keeps its name ("gloo"); its barrier, which carries no tensor, goes to its default backend, gloo,
+unseen; shutdown, abort and coalescing stay gloo's (the group holds gloo's backend still, and calls it for
+them); splitting, sequence numbers and what the backend supports are gloo's, asked through `Seen`. A group
+`split_group` makes (it needs a device bound to the default group: a GPU) keeps its own backend, unseen.
 
 Exercised by: `pytest tests/test_profile_cli.py -k backend`.
 """

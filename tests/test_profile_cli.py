@@ -237,18 +237,20 @@ def test_functional_collectives_go_through_comm_once_each(tmp_path, nproc):
     # each coalesced call one op over its tensors end to end, as gloo sends it: an all_reduce of 5 floats, an
     # all_gather of 5 a rank, a reduce_scatter of 4 a rank
     assert outside(doc) == {"all_reduce": (3 * 4, 3 * (32 + 16 + 20 + 32)), "all_gather": (3 * 2, 3 * nproc * (8 + 20)),
-                       "reduce_scatter": (3 * 2, 3 * nproc * (16 + 16)), "broadcast": (3, 3 * 12),
-                       "all_to_all": (3, 3 * nproc * 4)}
+                            "reduce_scatter": (3 * 2, 3 * nproc * (16 + 16)), "broadcast": (3, 3 * 12),
+                            "all_to_all": (3, 3 * nproc * 4)}
     assert "unseen" not in proc.stdout
 
 
 BY_THE_BACKEND = """\
 import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+from torch.distributed.device_mesh import init_device_mesh
 dist.init_process_group()
 rank, n = dist.get_rank(), dist.get_world_size()
 world = dist.group.WORLD
 pair = dist.new_group([0, 1])
+alone = init_device_mesh("cpu", (1, n), mesh_dim_names=("dp", "tp")).get_group("dp")  # DeviceMesh's: one rank
 for _ in range(3):
     t = torch.full((4,), float(rank + 1))
     world.allreduce([t]).wait()                      # the group's own method
@@ -270,6 +272,7 @@ for _ in range(3):
         c10d.irecv(got, 0).wait()
         assert got.tolist() == [1.0] * 3
     dist.all_reduce(torch.ones(2))                   # the interposed function: once, not twice
+    alone.allreduce([torch.ones(5)]).wait()
     box = [torch.zeros(1) for _ in range(n)] if rank == 0 else []
     opts = dist.GatherOptions()
     opts.rootRank = 0
@@ -280,12 +283,14 @@ dist.destroy_process_group()
 
 @pytest.mark.skipif(seen.Backend is None, reason="this torch's Backend has no Python constructor (2.11 or older)")
 def test_what_reaches_the_backend_by_other_ways_is_counted_once(tmp_path):
-    # a group's own methods and isend/irecv by distributed_c10d's name, which no wrapper sees, reach the
-    # group's backend: each counted there, once, with its bytes; an interposed all_reduce is not counted twice
+    # a group's own methods (the default group's, a new_group's, DeviceMesh's) and isend/irecv by
+    # distributed_c10d's name, which no wrapper sees, reach the group's backend: each counted there, once, with
+    # its bytes; an interposed all_reduce is not counted twice
     doc, _ = profiled(tmp_path, BY_THE_BACKEND, 3)
     assert doc["unseen"] == {"gather": 3 * 3}  # Comm has no gather: gloo's, counted on every rank
     assert outside(doc) == {"all_reduce": (3 * 2, 3 * (16 + 8)), "all_gather": (3, 3 * 3 * 8),
-                       "reduce_scatter": (3, 3 * 3 * 12), "broadcast (ranks0-1)": (3, 3 * 32), "send": (3, 3 * 12)}
+                            "reduce_scatter": (3, 3 * 3 * 12), "broadcast (ranks0-1)": (3, 3 * 32),
+                            "send": (3, 3 * 12), "all_reduce (rank0)": (3, 3 * 20)}
 
 
 COMPILED = """\

@@ -42,9 +42,10 @@ except (ImportError, TypeError):
 FORWARDED = ("broadcast", "allreduce", "allreduce_sparse", "allreduce_coalesced", "reduce", "allgather",
              "all_gather_single", "all_gather_single_coalesced", "allgather_coalesced", "gather", "scatter",
              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "all_to_all_single",
-             "alltoall", "send", "recv", "recv_anysource", "barrier", "monitored_barrier")
+             "alltoall", "send", "recv", "recv_anysource", "barrier")
 """The backend's ops (torch's names for them): each handed to gloo as it came while commprof is issuing it,
-and otherwise routed (`_route`) or counted."""
+and otherwise routed (`_route`) or counted. Not monitored_barrier: torch hands a barrier to the group's default
+backend, gloo's, never to the CPU's (and its trampoline's arguments are not its binding's)."""
 
 PROPERTIES = ("supports_splitting", "supports_coalescing", "supports_time_estimate", "supports_shrinking",
               "supports_reconfigure", "supports_window")

@@ -7,7 +7,7 @@ computation and communication. Every byte that crosses ranks goes through `commp
 A script run under `commprof profile` may mark its own iterations and phases: `commprof.step()`,
 `with commprof.phase("forward"): …` (commprof/record/hooks.py).
 
-Layers, lowest first; a module imports from its own layer or lower ones only (tests/test_layout.py):
+Layers, lowest first; a module imports from its own layer or lower ones only (tests/unit/test_layout.py):
 
   errors, world, measurement, stats,       what a job is, what every figure means and its statistics,
   backends, flags, job, deadline, streams  what each backend can run (named before any rank loads

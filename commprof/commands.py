@@ -2,7 +2,7 @@
 command loads no module it does not use. cli.py turns what the parser refuses into one line; sweep.py parses
 each job of a grid with it.
 
-Exercised by: `pytest tests/test_fuzz_cli.py tests/test_layout.py`.
+Exercised by: `pytest tests/unit/test_cli_grammar.py tests/unit/test_layout.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 may wait, where the job writes), and the checks on numeric flag values the commands share: one line naming
 the flag and the value, before any rank starts.
 
-Exercised by: `pytest tests/test_fuzz_cli.py tests/test_bench_cli.py`.
+Exercised by: `pytest tests/unit/test_cli_grammar.py tests/test_bench_cli.py`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ so a peer that stops during start-up can only be seen before them.
 
 Without the folder (torchrun, srun, a bare mpiexec) every function here is a no-op that lets a rank
 speak for itself. Under torchrun a failing rank also writes torchrun's own error file (`tell_torchrun`), so
-its summary names the rank that failed first. Exercised by: `pytest tests/test_failures.py`.
+its summary names the rank that failed first. Exercised by:
+`pytest tests/unit/test_failure_diagnosis.py tests/test_failures.py`.
 """
 
 from __future__ import annotations

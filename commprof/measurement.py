@@ -10,7 +10,7 @@ reaching into `commprof bench` or `commprof run`.
   ALIGNED       what the aligned iteration's name carries after "iteration N" (record/aligned.py)
   SOURCES       the data source names `--data` takes
 
-Imports nothing from commprof. Exercised by: `pytest tests/test_units_stats.py tests/test_phases.py
+Imports nothing from commprof. Exercised by: `pytest tests/unit/test_units_stats.py tests/unit/test_breakdown.py
 -k "bus_factors or wire_factors"`.
 """
 

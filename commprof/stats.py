@@ -5,7 +5,7 @@ or rank0: the first rank's own (nccl-tests' -a 0).
 p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
 median_ci: the 95 % confidence interval of a median (benchmarks' rounds, findings' iterations).
-Exercised by: `pytest tests/test_units_stats.py -k summarize`.
+Exercised by: `pytest tests/unit/test_units_stats.py -k summarize`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Recognised launchers, first match wins:
   srun (Slurm)                    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_JOB_NODELIST
 With none of them the process is a world of one, not launched.
 
-Exercised by: `pytest tests/test_data_world.py -k discover`.
+Exercised by: `pytest tests/unit/test_world_discovery.py`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Every algorithm is one module with the same small interface (as nccl-tests' coll
 
 `count` and `nbytes` follow nccl-tests: the whole vector for all_reduce and broadcast, world_size ×
 the per-rank chunk for all_gather, reduce_scatter and all_to_all. Installed as the subpackage
-`commprof.kernels`. Exercised by: `pytest tests/test_kernels.py`.
+`commprof.kernels`. Exercised by: `pytest tests/unit/test_algorithm_models.py tests/test_kernels.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and the power-of-two fix-up (fold) that recursive doubling and halving need on other rank counts.
 
 Only local work lives here; every byte between ranks goes through the Comm the algorithm is given.
-Exercised by: `pytest tests/test_kernels.py`.
+Exercised by: `pytest tests/unit/test_algorithm_models.py tests/test_kernels.py`.
 """
 
 from __future__ import annotations

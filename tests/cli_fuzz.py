@@ -5,10 +5,10 @@ check of one argv: what `commprof <argv>` exits with and prints before any rank 
     outcome = check(["bench", "-f", "nan"])   # Outcome(code=2, stderr="commprof: error: -f nan must be …\\n", …)
     problem(outcome.code, outcome.stderr)      # None: accepted, or one `commprof: error:` line and exit 2
 
-Every flag of both subparsers is drawn (FLAGS; tests/test_fuzz_cli.py checks it against the parser) with
+Every flag of both subparsers is drawn (FLAGS; tests/unit/test_cli_grammar.py checks it against the parser) with
 valid, boundary and invalid values, in every spelling argparse takes, repeated, missing its value, or
-beside flags it conflicts with or that belong to the other command. Used by tests/test_fuzz_cli.py
-and tests/support/fuzz_launch.py. Exercised by: `pytest tests/test_fuzz_cli.py`.
+beside flags it conflicts with or that belong to the other command. Used by tests/unit/test_cli_grammar.py
+and tests/support/fuzz_launch.py. Exercised by: `pytest tests/unit/test_cli_grammar.py tests/test_fuzz_cli.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ import pytest
 from spawn import commprof, env_for_tests
 
 from commprof import kernels
-from commprof.bench import alphabeta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
@@ -81,14 +80,3 @@ def test_bad_algorithm_input_is_one_line(args, message):
     proc = commprof("bench", "--nproc", "1", *args)
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-
-
-def test_alpha_beta_fit_recovers_a_closed_form():
-    alpha, beta = 20e-6, 0.5e-9
-    points = [(m, alpha + beta * m) for m in (8, 1 << 10, 1 << 16, 1 << 22)]
-    fit = alphabeta.fit(points)
-    assert fit.alpha_s == pytest.approx(alpha) and fit.beta_s_per_byte == pytest.approx(beta)
-    assert fit.max_rel_err < 1e-9
-    assert alphabeta.fit(points[:1]) is None  # one size cannot separate α from β
-    flat = alphabeta.fit([(8, 1e-5), (1 << 20, 0.9e-5)])  # a falling line: latency only
-    assert flat.beta_s_per_byte == 0 and 0.9e-5 < flat.alpha_s < 1e-5

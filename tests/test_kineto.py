@@ -1,20 +1,19 @@
 """`commprof run --torch-profiler DIR`: one Kineto trace per rank with what Holistic Trace Analysis
 reads — distributedInfo (backend, rank, world_size) and one ProfilerStep per measured iteration — on gloo
 (written by Kineto) and MPI (added by commprof); commprof's ranges in it as user annotations, range for
-range what commprof's own trace of the same run holds; the annotator's Kineto sink cleared afterwards."""
+range what commprof's own trace of the same run holds. (The annotator's Kineto sink, in one process:
+tests/unit/test_kineto_sink.py.)"""
 
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 from spawn import commprof
 from test_trace import trace_spans
 
 from commprof.record import trace
-from commprof.record.annotate import ANNOTATOR, MEASURED
-from commprof.run import kineto
+from commprof.record.annotate import MEASURED
 
 UNWARMED = "Profiler won't be using warmup"
 
@@ -98,32 +97,3 @@ def test_commprof_ranges_in_kineto_as_in_its_own_trace(tmp_path):
                            if e.get("name", "").startswith("gloo:") and step["ts"] <= e["ts"] <= end)
             assert ops == gloo and ops["all_reduce"] > 1, (ops, gloo)
             assert waits == ["wait all_reduce (world)"] * ops["all_reduce"]  # DDP waits on each bucket once
-
-
-def test_sink_attached_only_while_profiling_and_ranges_balanced(tmp_path):
-    """In one process: the annotator's Kineto sink is set inside the profiler and cleared after it, a range
-    opened before the profiler and closed inside it leaves nothing behind, `measured` is not repeated."""
-    active_before = ANNOTATOR.active
-    outer, inner = ANNOTATOR.label("iteration 9", "iteration"), ANNOTATOR.label("forward", "compute")
-    measured = ANNOTATOR.label(MEASURED, "iteration")
-    ANNOTATOR.push(outer)
-    with kineto.profiler(str(tmp_path), None, torch.device("cpu"), steps=3, warmup=1) as prof:
-        assert ANNOTATOR.kineto is not None and ANNOTATOR.active
-        ANNOTATOR.pop()  # `outer`, pushed before the profiler: nothing in Kineto to close
-        for t in range(3):
-            if t == 1:
-                ANNOTATOR.push(measured)
-            with_range = ANNOTATOR.label(f"iteration {t}", "iteration")
-            ANNOTATOR.push(with_range)
-            ANNOTATOR.push(inner)
-            torch.ones(4).add_(1)
-            ANNOTATOR.pop()
-            ANNOTATOR.pop()
-            kineto.step(prof)
-    ANNOTATOR.pop()  # measured, after the profiler
-    assert ANNOTATOR.kineto is None and ANNOTATOR.active == active_before
-    (path,) = tmp_path.glob("rank0.*.pt.trace.json")
-    doc = json.loads(path.read_text())
-    names = Counter(e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation")
-    assert names == Counter({"ProfilerStep#1": 1, "ProfilerStep#2": 1, "iteration 1": 1, "iteration 2": 1,
-                             "forward": 2})

@@ -17,8 +17,6 @@ import time
 import pytest
 from spawn import env_for_tests
 
-from commprof.report.files import write_atomic
-
 TINY = ["bench", "all_reduce", "-b", "8", "-e", "64", "-n", "2", "-w", "1", "--timeout", "30"]
 
 
@@ -97,14 +95,6 @@ def test_a_symlink_is_followed_and_a_new_file_gets_the_umask_mode(tmp_path):
     assert link.is_symlink() and json.loads(target.read_text())["complete"] is True
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
     assert stat.S_IMODE(os.stat(tmp_path / "r.csv").st_mode) == 0o640
-
-
-def test_an_existing_file_keeps_its_mode(tmp_path):
-    path = tmp_path / "r.json"
-    path.write_text("{}")
-    path.chmod(0o604)
-    write_atomic(path, "[]\n")
-    assert path.read_text() == "[]\n" and stat.S_IMODE(os.stat(path).st_mode) == 0o604
 
 
 def test_a_killed_launchers_job_folder_goes_with_the_next_launch(tmp_path):

@@ -1,6 +1,7 @@
-"""Pipelines: schedules and partitions as pure functions; GPipe and 1F1B train to the parameters of
-`single` at 2, 3 and 4 stages and on a dp × pp grid, moving exactly the predicted activation bytes;
-the bubble of a calibrated pipeline matches (p − 1)/(m + p − 1); bad input fails in one line."""
+"""Pipelines: GPipe and 1F1B train to the parameters of `single` at 2, 3 and 4 stages and on a dp × pp
+grid, moving exactly the predicted activation bytes; the bubble of a calibrated pipeline matches
+(p − 1)/(m + p − 1); bad input fails in one line. (Schedules and partitions as pure functions:
+tests/unit/test_partition_schedule.py.)"""
 
 import json
 import sys
@@ -11,41 +12,8 @@ from invariants import check_run
 from spawn import commprof, spawn
 from test_strategies import run_worker
 
-from commprof.errors import UsageError
-from commprof.parallel.partition import balanced_starts, describe, explicit_starts
-from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
-
 HERE = Path(__file__).parent
 PIPES = ["pipeline-gpipe", "pipeline-1f1b"]
-
-
-def test_schedule_orders_and_memory_bound():
-    assert gpipe(3, 2, 0) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
-    assert one_f_one_b(4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
-    assert one_f_one_b(4, 2, 1) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
-    for p in (2, 3, 4):
-        for s in range(p):
-            for m in (1, 2, 5, 8):
-                actions = one_f_one_b(m, p, s)
-                assert sorted(actions) == sorted(gpipe(m, p, s))  # every micro-batch once each way
-                assert peak_in_flight(actions) == min(p - s, m)
-                assert peak_in_flight(gpipe(m, p, s)) == m
-    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
-    assert bubble_fraction(1, 2) == pytest.approx(0.5)
-
-
-def test_partition_minimises_the_largest_stage():
-    assert balanced_starts([1, 1, 1, 1], 2) == [0, 2]
-    assert balanced_starts([10, 1, 1, 1, 10], 3) == [0, 1, 4]
-    assert balanced_starts([5, 1, 1, 1, 1, 1], 2) == [0, 1]
-    assert describe([0, 1, 4], 5) == [[0, 0], [1, 3], [4, 4]]
-    assert explicit_starts((2, 3), 3, 5) == [0, 2, 3]
-    with pytest.raises(UsageError, match="more stages than the 4 layers"):
-        balanced_starts([1, 1, 1, 1], 5)
-    with pytest.raises(UsageError, match="must increase strictly"):
-        explicit_starts((3, 2), 3, 5)
-    with pytest.raises(UsageError, match="2 stages need 1"):
-        explicit_starts((1, 2), 2, 5)
 
 
 def _pipeline_rows(nproc: int, model: str, **extra) -> list[dict]:
@@ -135,7 +103,8 @@ def test_run_reports_bubble_and_boundaries(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    # known only once a rank has built the model: the ranks' error, said once (5 stages: a unit test above)
+    # known only once a rank has built the model: the ranks' error, said once (5 stages: a unit test,
+    # tests/unit/test_partition_schedule.py)
     (["--stages", "2", "--nproc", "2", "--cuts", "9"],
      "--cuts 9 must increase strictly within 1…3 (the model has 4 layers)"),
     (["--stages", "2", "--micro-batches", "3"], "--batch-size 32 is not divisible by --micro-batches 3"),

@@ -7,7 +7,6 @@ and a line drawn over an identical one must leave both in sight and say so."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from rich.console import Console
 from spawn import env_for_tests
+from support.legends import covered
 
 from commprof.report import compare, plots
 
@@ -22,7 +22,6 @@ GRID = ["run", "--strategy", "ddp,fsdp", "--nproc", "2", "--steps", "5", "--warm
 BENCH = ["bench", "all_gather", "--nproc", "2", "--backend", "gloo", "-n", "5", "-w", "1"]
 PARTS = {"data": "data_ms", "compute": "compute_ms", "exposed comm": "exposed_comm_ms", "pipeline bubble": "bubble_ms"}
 """Bar segment names in the legend, and the summary figure each draws."""
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def commprof(tmp, name, argv):
@@ -134,27 +133,6 @@ def own_pixels(fig, line) -> int:
     return int((np.abs(image - rgb).max(axis=2) <= 8).sum())
 
 
-def covered(fig) -> list[str]:
-    """What a legend of `fig` covers: data points (widened by their marker), bars and texts in its axes."""
-    renderer = fig.canvas.get_renderer()
-    found = []
-    for ax in fig.axes:
-        legend = ax.get_legend()
-        if legend is None:
-            continue
-        box = legend.get_window_extent(renderer)
-        for line in ax.get_lines():
-            r = line.get_markersize() * fig.dpi / 72 / 2
-            for x, y in line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float)):
-                if box.x0 - r <= x <= box.x1 + r and box.y0 - r <= y <= box.y1 + r:
-                    found.append(f"{ax.get_title()}: a point of {line.get_label()}")
-        for artist in (*ax.patches, *ax.texts):
-            extent = artist.get_window_extent(renderer)
-            if extent.height > 0 and box.overlaps(extent):
-                found.append(f"{ax.get_title()}: {artist}")
-    return found
-
-
 def test_legends_cover_no_data(grid, bench):
     figures = {**grid[3], **bench[2]}
     legends = 0
@@ -163,18 +141,6 @@ def test_legends_cover_no_data(grid, bench):
         legends += sum(ax.get_legend() is not None for ax in fig.axes)
         assert covered(fig) == [], path
     assert legends >= 4  # bars, loss, and both bench panels (in-place and out-of-place)
-
-
-def test_legends_cover_no_data_on_a_crowded_sweep(tmp_path):
-    # six series over 1, 2 and 4 ranks, 8 B to 16 MiB, saved by a real MPI sweep: matplotlib's "best" place
-    # alone left the time panel's legend on a point of it
-    doc = json.loads((ROOT / "benchmarks" / "studies" / "bench-scaling.json").read_text())
-    figures = {}
-    drawn = plots.bench_plots(doc["results"], tmp_path, keep=figures)
-    assert max(len(d["series"]) for d in drawn.values()) >= 6
-    for path, fig in figures.items():
-        fig.canvas.draw()
-        assert covered(fig) == [], path
 
 
 def test_bench_lines_are_the_records(bench):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from invariants import check_run
 from spawn import commprof
-from test_data import write_idx
+from support.idx_files import write_idx
 
 FIGURES = ("wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_ms")
 

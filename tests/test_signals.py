@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from spawn import env_for_tests, kill_session, processes
 
-from commprof.comm.store import listen
-from commprof.errors import UsageError
-
 LONG = ["bench", "all_reduce", "-b", "8", "-e", "1M", "-n", "200", "--timeout", "30"]
 
 
@@ -136,22 +133,6 @@ def test_the_jobs_network_namespace_holds_loopback_alone(user_namespace):
     uid, ns, table = proc.stdout.split(" ", 2)
     assert uid == str(os.geteuid()) and ns != os.readlink("/proc/self/ns/net")
     assert [row.split(":")[0].strip() for row in table.strip().splitlines()[2:]] == ["lo"], table
-
-
-def test_the_store_listens_on_the_named_address_and_says_when_it_cannot(monkeypatch):
-    sock = listen("127.0.0.1", 0)
-    try:
-        assert sock.getsockname()[0] == "127.0.0.1"
-    finally:
-        sock.close()
-    with pytest.raises(UsageError, match=r"rank 0 cannot listen on 192\.0\.2\.254:0 .*COMMPROF_STORE_BIND=0\.0\.0\.0"):
-        listen("192.0.2.254", 0)  # TEST-NET-1: an address this host does not hold
-    monkeypatch.setenv("COMMPROF_STORE_BIND", "0.0.0.0")
-    sock = listen("192.0.2.254", 0)
-    try:
-        assert sock.getsockname()[0] == "0.0.0.0"
-    finally:
-        sock.close()
 
 
 def test_contention_from_another_process_is_said_under_the_table_and_in_the_json(tmp_path):

@@ -61,14 +61,6 @@ def test_data_parallel_strategies_over_mpi():
     assert all(r["measured"] == r["predicted"] for r in rows)
 
 
-def test_the_catalog_agrees_with_every_strategy_class():
-    from commprof.strategies import CATALOG, STRATEGIES
-
-    for name, entry in CATALOG.items():
-        cls = STRATEGIES[name]
-        assert (cls.name, cls.backends, cls.model_parallel) == (name, entry.backends, entry.model_parallel)
-
-
 @pytest.mark.parametrize("nproc", [1, 2, 3])
 def test_torch_native_strategies_match_single(nproc):
     rows = run_worker(nproc, "gloo", strategies=["torch-ddp", "torch-fsdp"], model="mnist-cnn")

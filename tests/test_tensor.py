@@ -1,19 +1,14 @@
 """`tensor` trains to the parameters of `single` on the same global batch, and every rank's measured
 payload per step equals its prediction (tests/strategy_worker.py checks each rank): transformers split
-2 and 4 ways, image heads, the dp × tp grid, mixed precision; bad degrees fail with one clear line."""
+2 and 4 ways, image heads, the dp × tp grid, mixed precision. (Bad degrees, refused before any group:
+tests/unit/test_tensor_degrees.py.)"""
 
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from spawn import spawn
-
-from commprof.errors import UsageError
-from commprof.models import build_model
-from commprof.run.config import RunConfig
-from commprof.strategies.tensor import TensorParallel, check_divisible
 
 HERE = Path(__file__).parent
 # gpt2-tiny/bert-tiny in the worker: batch 4 × seq_len 16 positions × d_model 32, fp32, 2 blocks.
@@ -64,22 +59,3 @@ def test_hybrid_dp_times_tp():
     assert row["max_abs_diff"] <= 2e-5
     assert row["measured"] == {"all_reduce (tp)": 8 * BLOCK_ACTIVATION,
                                "all_reduce (dp)": row["held_bytes"]["params"]}  # every gradient held
-
-
-@pytest.mark.parametrize("model,t,message", [
-    ("gpt2-tiny", 3, "--tp 3 does not divide the 4 attention heads of gpt2-tiny"),
-    ("bert-tiny", 4, "--tp 4 does not divide the 2 attention heads of bert-tiny"),
-    ("mnist-cnn", 3, "--tp 3 does not divide the 50 outputs of fc1 in mnist-cnn"),
-    ("resnet18", 2, "model resnet18 has no MLP head or attention to split"),
-])
-def test_what_cannot_split(model, t, message):
-    with pytest.raises(UsageError, match=message):
-        check_divisible(build_model(model, in_channels=1 if model == "mnist-cnn" else 3, image_size=28), t, model)
-
-
-@pytest.mark.parametrize("extra,message", [({"tp": 3}, "attention heads"), ({"dp": 3}, "at least 2")])
-def test_bad_degree_fails_before_any_group(extra, message):
-    comm = SimpleNamespace(rank=0, world_size=3)  # no new_group: reaching the grid would be an AttributeError
-    config = RunConfig(strategy="tensor", model="gpt2-tiny", backend="gloo", **extra)
-    with pytest.raises(UsageError, match=message):
-        TensorParallel(spec=build_model("gpt2-tiny"), comm=comm, config=config)

@@ -18,7 +18,6 @@ import pytest
 from spawn import commprof, env_for_tests
 
 from commprof.record import merge, trace
-from commprof.record.annotate import ANNOTATOR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 import nvtx_recorder  # noqa: E402
@@ -210,79 +209,3 @@ def test_run_bench_and_profile_traces_are_valid_with_flows_forward_in_time(tmp_p
         for f in [out / "rank0.trace.json", out / "rank1.trace.json"]:
             trace_format.check(json.loads(f.read_text()))
         check_merged(out / "trace.json", 2)
-
-
-def test_every_write_leaves_whole_json_and_a_cut_write_still_loads(tmp_path):
-    clocks = {"epoch_ns": time.perf_counter_ns(), "ranks": [
-        {"rank": 0, "host": "h", "measured_offset_ns": 0, "bound_ns": 0, "applied_offset_ns": 0, "residual_ns": 0}]}
-    rec = trace.TraceRecorder(tmp_path / "rank0.trace.json", rank=0, world_size=1, clocks=clocks)
-    label = ANNOTATOR.label("forward", "compute")
-    sizes = []
-    for k in range(3):
-        for _ in range(k + 1):
-            rec.begin(label, time.perf_counter_ns())
-            rec.end(time.perf_counter_ns())
-        rec.flush()
-        text = rec.path.read_text()
-        sizes.append(len(text))
-        assert sum(e["ph"] == "X" for e in json.loads(text)) == (k + 1) * (k + 2) // 2
-    rec.close()
-    events = json.loads(rec.path.read_text())
-    trace_format.check(events)
-    assert events[0]["pid"] == 1 and events[-1]["name"] == "trace_end"
-    # a kill inside the last write's syscall: that write cut short anywhere, the earlier ones whole
-    text = rec.path.read_text()
-    for cut in range(sizes[1] - 3, len(text)):
-        rec.path.write_text(text[:cut])
-        assert sum(e["ph"] == "X" for e in trace.load(rec.path)) >= 3, cut
-
-
-def test_a_file_of_an_older_commprof_cut_short_still_loads(tmp_path):
-    path = tmp_path / "rank0.trace.json"
-    path.write_text('[\n{"name":"process_name","ph":"M","pid":0,"tid":0,"args":{"name":"rank 0 (h)"}},\n'
-                    '{"name":"forward","cat":"compute","ph":"X","pid":0,"tid":1,"ts":1.0,"dur":2.0},\n')
-    assert [e["name"] for e in trace.load(path)] == ["process_name", "forward"]
-
-
-def _op(rank: int, name: str, ts: float, dur: float, thread: str = "comm (world)") -> list[dict]:
-    return [{"name": "thread_name", "ph": "M", "pid": rank + 1, "tid": 7, "args": {"name": thread,
-                                                                                  "members": [0, 1, 2]}},
-            {"name": f"{name} (world)", "cat": "comm", "ph": "X", "pid": rank + 1, "tid": 7, "ts": ts, "dur": dur,
-             "args": {"bytes": 8, "group_size": 3, "seq": 0}}]
-
-
-def test_flows_start_at_the_last_rank_to_arrive():
-    # rank 2 issues last; rank 0 (a broadcast root) finished before that and waited for nobody. Rank 1's op
-    # ran on a CUDA stream: its span is on the stream's thread
-    events = (_op(0, "broadcast", 10.0, 2.0) + _op(1, "broadcast", 11.0, 9.0, "stream: comm (world)")
-              + _op(2, "broadcast", 15.0, 5.0))
-    drawn = merge.flows(events)
-    trace_format.check(events + drawn)
-    starts = [(e["pid"], e["ts"]) for e in drawn if e["ph"] == "s"]
-    ends = [(e["pid"], e["ts"]) for e in drawn if e["ph"] == "f"]
-    assert starts == [(3, 15.0)] and ends == [(2, 19.999)]
-    assert merge.flows(events[:-2]) == []  # a member that never traced the op: nobody to point from
-
-
-@pytest.mark.parametrize("bad,why", [
-    ({"name": "a", "ph": "X", "pid": 0, "tid": 1, "ts": 1, "dur": 1}, "pid 0"),
-    ({"name": "a", "ph": "X", "pid": 1, "ts": 1, "dur": 1}, "no tid"),
-    ({"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": -1, "dur": 1}, "negative"),
-    ({"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 1}, "X with dur"),
-    ({"name": "a", "ph": "B", "pid": 1, "tid": 1, "ts": 1}, "B never ended"),
-    ({"name": "a", "ph": "C", "pid": 1, "tid": 1, "ts": 1, "args": {"n": "x"}}, "C without numeric"),
-    ({"name": "process_name", "ph": "M", "pid": 1, "tid": 1, "args": {}}, "without args.name"),
-    ({"name": "a", "cat": "c", "ph": "f", "bp": "e", "id": 9, "pid": 1, "tid": 1, "ts": 2}, "0 start(s)"),
-    ({"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 2.5}, "f at 2 before s at 2.5"),
-    ({"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 2, "ts": 1}, "binds to no slice"),
-])
-def test_the_validator_names_what_is_wrong(bad, why):
-    good = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "rank 0"}},
-            {"name": "a", "ph": "X", "pid": 1, "tid": 1, "ts": 1, "dur": 2},
-            {"name": "a", "cat": "c", "ph": "s", "id": 5, "pid": 1, "tid": 1, "ts": 1.5},
-            {"name": "a", "cat": "c", "ph": "f", "bp": "e", "id": 5, "pid": 1, "tid": 1, "ts": 2}]
-    assert trace_format.problems(good) == []
-    if bad.get("id") == 5:  # replaces the good flow's start
-        good = [e for e in good if not (e.get("id") == 5 and e["ph"] == "s")]
-    found = trace_format.problems({"traceEvents": good + [bad]})
-    assert any(why in p for p in found), found

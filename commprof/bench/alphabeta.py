@@ -4,7 +4,7 @@ sweep of the same run: t(m) = α + β·m for m bytes sent (and received) by ever
 The fit minimises the relative error Σ((α + β m)/t − 1)², so 8-byte and 64-MiB points weigh
 alike (a plain least-squares fit would let the largest sizes decide α, often below zero). Both
 parameters are kept non-negative. The kernels' `cost(n, nbytes, alpha, beta)` turn it into a
-prediction for each algorithm. Exercised by: `pytest tests/test_bench_algo.py`.
+prediction for each algorithm. Exercised by: `pytest tests/unit/test_algorithm_models.py tests/test_bench_algo.py`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     commprof bench all_reduce -b 8 -e 128M -f 2 -a 1 -c 1 -m 2 -z 0 -F out.csv   # nccl-tests' spellings too
 
 nccl-tests' numeric and refused forms: commprof/bench/nccl_flags.py. Exercised by: `pytest
-tests/test_bench_cli.py tests/test_nccl_tests_flags.py` and `pytest tests/test_fuzz_cli.py`.
+tests/test_bench_cli.py tests/test_nccl_tests_flags.py` and `pytest tests/unit/test_cli_grammar.py`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What one `commprof bench` run measures: a frozen config the CLI builds and validates.
 
-Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/test_fuzz_cli.py`.
+Exercised by: `pytest tests/test_bench_cli.py` and `pytest tests/unit/test_cli_grammar.py`.
 """
 
 from __future__ import annotations

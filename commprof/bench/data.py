@@ -10,7 +10,7 @@ rank r holds:
   prod                                2 + j mod 2 on the one rank with (r+j) mod n = 0, else 1
   min / max                           (r + j) mod 5             a window of n consecutive residues
 
-Exercised by: `pytest tests/test_data_world.py`.
+Exercised by: `pytest tests/unit/test_closed_forms.py tests/test_data_world.py`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ waiting ranks leave their cores to the measuring ones, and concurrent groups sta
 together.
 
 Runs on every rank; only rank 0 gets records. Exercised by: `pytest tests/test_bench_cli.py
-tests/test_bench_groups.py`.
+tests/test_bench_groups.py tests/unit/test_host_levels.py`.
 """
 
 from __future__ import annotations

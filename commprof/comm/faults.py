@@ -24,7 +24,8 @@ ms     how long `slow` sleeps, how far `clock` is ahead (default 10)
     COMMPROF_FAULT=slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --bucket-mb 100 --trace t/
     COMMPROF_FAULT=clock:rank=1:ms=500,slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --trace t/
 
-The hot path pays one attribute test per op when no fault is set. Exercised by: `pytest tests/test_failures.py`.
+The hot path pays one attribute test per op when no fault is set. Exercised by:
+`pytest tests/unit/test_failure_diagnosis.py tests/test_failures.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ blocked in another op, never will — as one line:
     desync at all_reduce seq 17 (world): rank 0 called all_reduce 4 KiB float32, rank 1 called all_gather 8 KiB float32
 
 `dump` writes a rank's snapshot as JSON (`--debug-dump DIR`, or beside the --json file on a failure).
-Exercised by: `pytest tests/test_failures.py`.
+Exercised by: `pytest tests/unit/test_failure_diagnosis.py tests/test_failures.py`.
 """
 
 from __future__ import annotations

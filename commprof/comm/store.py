@@ -6,7 +6,8 @@ the store is unauthenticated, and whoever reaches it can write the keys every ra
 The listening socket is bound here and handed to torch (TCPStore's `master_listen_fd`, as torchrun's agent
 does): to `addr` as rank 0 resolves it — 127.0.0.1 for a local job, MASTER_ADDR's interface for a job across
 hosts. COMMPROF_STORE_BIND names another address to listen on (0.0.0.0 for every interface), for a rank 0
-known to its peers by an address it does not hold itself (NAT). Exercised by: `pytest tests/test_signals.py`.
+known to its peers by an address it does not hold itself (NAT). Exercised by:
+`pytest tests/unit/test_store_address.py tests/test_signals.py`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Every rank builds the same global batch from (seed, epoch, step) and takes its c
 step t trains on the same samples at any number of ranks. Nothing is ever downloaded: a missing file is
 a UsageError naming the path and what belongs there.
 
-Exercised by: `pytest tests/test_data.py`.
+Exercised by: `pytest tests/unit/test_data.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A source maps sample indices to samples, the same way on every rank and every run: which indices a rank
 asks for is decided in `commprof.data.sampling`, never here.
 
-Exercised by: `pytest tests/test_data.py`.
+Exercised by: `pytest tests/unit/test_data.py`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each pickle is a dict with b"data" (uint8 [n, 3072], channel-major 3x32x32) and 
 b"fine_labels". The held-out split is the test file, None if it is absent. Unpickling admits only the
 numpy array constructors these files use, so a stray pickle cannot run code.
 
-Exercised by: `pytest tests/test_data.py -k cifar`.
+Exercised by: `pytest tests/unit/test_data.py -k cifar`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Shape changes, applied to pixel values in [0, 1] before normalising:
             exact, the std an approximation).
   size      bilinear resize (torch.nn.functional.interpolate, antialiased when shrinking); no padding.
 
-Exercised by: `pytest tests/test_data.py -k "mnist or cifar"`.
+Exercised by: `pytest tests/unit/test_data.py -k "mnist or cifar"`.
 """
 
 from __future__ import annotations

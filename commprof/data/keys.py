@@ -3,7 +3,7 @@
 That is what makes sample i the same on every rank and in every batch it appears in: nothing depends on
 how many values were drawn before it.
 
-Exercised by: `pytest tests/test_data.py -k determinism`.
+Exercised by: `pytest tests/unit/test_data.py -k determinism`.
 """
 
 from __future__ import annotations

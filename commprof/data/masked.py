@@ -9,7 +9,7 @@ position gets the mask token (no 80/10/10 split). y is the original token at mas
 The fixed count is what keeps the loss of a global batch equal to the mean of the per-rank losses:
 each rank averages over the same number of labelled tokens per sample.
 
-Exercised by: `pytest tests/test_data.py -k mlm`.
+Exercised by: `pytest tests/unit/test_data.py -k mlm`.
 """
 
 from __future__ import annotations

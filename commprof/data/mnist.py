@@ -5,7 +5,7 @@ train-images-idx3-ubyte, train-labels-idx1-ubyte (training set), t10k-images-idx
 t10k-labels-idx1-ubyte (held-out split; optional). Pixels are normalised with MNIST's mean 0.1307 and
 std 0.3081; other sizes are resized, see `commprof.data.images`.
 
-Exercised by: `pytest tests/test_data.py -k mnist`.
+Exercised by: `pytest tests/unit/test_data.py -k mnist`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every rank computes the same global batch for step t from (seed, epoch, step) al
 contiguous share, so the samples of step t do not depend on the number of ranks: a run on 1, 2 or 3
 ranks trains on the same data and the gradients averaged over ranks match the single-rank ones.
 
-Exercised by: `pytest tests/test_data.py -k "indices or shard"`.
+Exercised by: `pytest tests/unit/test_data.py -k "indices or shard"`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Prototype and noise are scaled so pixels have mean 0 and std about 1, like norma
 classes are far apart in pixel space, so the loss of any reasonable model falls within a few steps.
 The held-out split shares the prototypes and draws other samples (other labels and noise).
 
-Exercised by: `pytest tests/test_data.py -k synthetic`.
+Exercised by: `pytest tests/unit/test_data.py -k synthetic`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the chain's entropy (about 1.5 nats for 65 tokens). Sample i starts at a hashed 
 with uniforms hashed from (seed, i, position); x is the first T tokens, y the next T.
 The held-out split walks the same chain from other uniforms.
 
-Exercised by: `pytest tests/test_data.py -k synthetic`.
+Exercised by: `pytest tests/unit/test_data.py -k synthetic`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the characters are for training, the last 10% held out. Samples are non-overlapp
 is characters [i·T, i·T + T + 1), x its first T, y its last T (the next character at each position),
 so N = (characters - 1) // T and one epoch reads every character once.
 
-Exercised by: `pytest tests/test_data.py -k text`.
+Exercised by: `pytest tests/unit/test_data.py -k text`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ op's own transfer time (for its bandwidth) runs from A to the earliest completio
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_findings_recorded.py tests/test_findings.py`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ A finding below THRESHOLD of the step is not reported: a balanced job reports no
 
     commprof profile --nproc 2 --json p.json -- train.py     # traced privately when --trace is not given
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_findings_recorded.py tests/test_findings.py`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Perfetto who made each rank wait, and for how long.
 
     commprof run --strategy ddp --nproc 2 --trace t/        (t/trace.json)
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_findings_recorded.py tests/test_findings.py`.
 """
 
 from __future__ import annotations

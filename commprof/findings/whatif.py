@@ -10,7 +10,7 @@ step without is a lower bound.
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py     (each finding's "step_ms_without")
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_whatif.py tests/test_findings.py`.
 """
 
 from __future__ import annotations

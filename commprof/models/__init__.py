@@ -7,7 +7,7 @@
 Image models: mnist-cnn (`cnn.py`) and six torchvision classifiers (`vision.py`, optionally as a frozen
 feature extractor under a trained head, `frozen.py`). Text models: GPT-2 and BERT styles
 (`gpt2.py`, `bert.py`, sharing `transformer.py`). No weights are ever downloaded and no model has
-dropout. `list_models()` is what --list-models prints. Exercised by: `pytest tests/test_models.py`.
+dropout. `list_models()` is what --list-models prints. Exercised by: `pytest tests/unit/test_models.py`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _lazy(module: str, *args: str, preset: str | None = None) -> Callable[..., M
 
 
 # Counts are at build_model's defaults (3×32×32 images, 10 classes; vocab 65, seq_len 64) unless the
-# line says otherwise; tests/test_models.py checks each one against the built model.
+# line says otherwise; tests/unit/test_models.py checks each one against the built model.
 MODELS: dict[str, ModelEntry] = {
     "mnist-cnn": ModelEntry(_lazy("cnn"), "image",
                             "PyTorch's MNIST example CNN, 21,840 params at 1x28x28", image_size=28, in_channels=1),

@@ -9,7 +9,7 @@ head). No token-type embedding and no pooler: MLM needs neither. Presets:
   (48.42M at seq_len 256), the size of the custom-FSDP study's BERT (46.7M).
 - `bert-tiny`: 2 layers, 2 heads, d_model 32 — about 30K parameters, for tests.
 
-Exercised by: `pytest tests/test_models.py -k bert`.
+Exercised by: `pytest tests/unit/test_models.py -k bert`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 conv 5×5 → maxpool 2 → relu → conv 5×5 → maxpool 2 → relu → fc 50 → relu → fc classes. The first
 fully connected layer's width follows `image_size` (320 inputs at 28×28, 500 at 32×32), so CIFAR-shaped
-data works too. Exercised by: `pytest tests/test_models.py -k mnist`.
+data works too. Exercised by: `pytest tests/unit/test_models.py -k mnist`.
 """
 
 from __future__ import annotations

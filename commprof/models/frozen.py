@@ -4,7 +4,7 @@ The backbone (a torchvision model's feature stages, random weights) never trains
 requires_grad False and it stays in eval mode whatever `.train()` is called with, so BatchNorm uses
 its running statistics and a data-parallel run computes exactly what one process does. The head is
 Linear(feat, 4096), ReLU, Linear(4096, 4096), ReLU, Linear(4096, classes) — the studies' classifier,
-without its dropout. Exercised by: `pytest tests/test_models.py -k frozen`.
+without its dropout. Exercised by: `pytest tests/unit/test_models.py -k frozen`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ block, final. Presets:
 - `gpt2-tiny`: 2 layers, 4 heads of 8, d_model 32 — about 30K parameters, for tests (4 heads so that
   `tensor` can split them 2 and 4 ways).
 
-Exercised by: `pytest tests/test_models.py -k gpt2`.
+Exercised by: `pytest tests/unit/test_models.py -k gpt2`.
 """
 
 from __future__ import annotations

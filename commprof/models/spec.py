@@ -2,7 +2,7 @@
 and what the zoo knows of a model before it is built: the data it trains on.
 
 `ModelSpec` and `ModelEntry` are re-exported by `commprof.models`; the builders in this package return
-a `ModelSpec`. Exercised by: `pytest tests/test_models.py`.
+a `ModelSpec`. Exercised by: `pytest tests/unit/test_models.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One `Block` serves both: `causal=True, pre_ln=True` is GPT-2's decoder block, `causal=False,
 pre_ln=False` is BERT's encoder block. Attention is `F.scaled_dot_product_attention`, which picks a
 fused kernel where the device has one. No dropout anywhere, so runs with different rank counts stay
-numerically comparable. Exercised by: `pytest tests/test_models.py -k "gpt2 or bert"`.
+numerically comparable. Exercised by: `pytest tests/unit/test_models.py -k "gpt2 or bert"`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ training mode needs at least 2 samples per rank (frozen backbones are exempt: th
 
 Each model becomes an `nn.Sequential` of named stages (resnet: stem, layer1…layer4, pool, fc), which
 are also its FSDP units; with `frozen_backbone` the stages become a fixed feature extractor under a
-trained head (see `commprof.models.frozen`). Exercised by: `pytest tests/test_models.py -k vision`.
+trained head (see `commprof.models.frozen`). Exercised by: `pytest tests/unit/test_models.py -k vision`.
 """
 
 from __future__ import annotations

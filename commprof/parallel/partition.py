@@ -5,7 +5,7 @@
 
 A partition is the list of each stage's first layer index (stage s runs layers[starts[s]:starts[s+1]]).
 Balancing picks the contiguous split that minimises the most expensive stage, since a pipeline runs at
-the pace of its slowest stage. Exercised by: `pytest tests/test_pipeline.py -k partition`.
+the pace of its slowest stage. Exercised by: `pytest tests/unit/test_partition_schedule.py -k partition`.
 """
 
 from __future__ import annotations

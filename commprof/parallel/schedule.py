@@ -6,7 +6,7 @@
 GPipe keeps every micro-batch's activations until the backwards start (m in flight); 1F1B starts the
 backward of micro-batch i as soon as the last stage can, so stage s never holds more than p − s. Both
 idle (p − 1) forward+backward slots per stage: the bubble fraction (p − 1) / (m + p − 1).
-Exercised by: `pytest tests/test_pipeline.py -k schedule`.
+Exercised by: `pytest tests/unit/test_partition_schedule.py -k schedule`.
 """
 
 from __future__ import annotations

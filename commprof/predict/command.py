@@ -9,7 +9,7 @@ Each input is a run (or profile) JSON made with --trace, or the trace itself. Ev
 replayed at each N (predict/replay.py) and the median taken. Efficiency is the replay with free
 communication over the predicted step: 1.0 is perfect weak scaling.
 
-Exercised by: `pytest tests/test_predict.py tests/test_bad_input.py`.
+Exercised by: `pytest tests/unit/test_predict.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ sendrecv rows (the same Hockney fit `bench --algo` uses).
     commprof predict run.json --fabric "intra=450GB/s,3us;inter=50GB/s,8us" --ranks-per-host 8
     commprof predict run.json --fabric bench.json
 
-Exercised by: `pytest tests/test_predict.py tests/test_bad_input.py`.
+Exercised by: `pytest tests/unit/test_predict.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ on host r // ranks_per_host. A group that spans hosts runs each step at the pace
 (a ring's steps all cross a host boundary somewhere); an all_to_all across hosts shares each host's link
 among that host's members. Links are not shared between concurrent groups.
 
-Exercised by: `pytest tests/test_predict.py`.
+Exercised by: `pytest tests/unit/test_predict.py`.
 """
 
 from __future__ import annotations

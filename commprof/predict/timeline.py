@@ -8,7 +8,7 @@ a blocking op blocks from its issue to the end of its own training-thread range.
 
     commprof run --strategy ddp --nproc 2 --trace t/ --json r.json && commprof predict r.json --fabric …
 
-Exercised by: `pytest tests/test_predict.py`.
+Exercised by: `pytest tests/unit/test_predict.py`.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ the two (TraceRecorder.close): each is then off by at most the two anchors' boun
 The trace shows them as thread "stream: ranges" (one span per NVTX range, from when the stream
 reached the push to when it reached the pop: the projection Nsight's nvtx_gpu_proj_sum reports) and
 threads "stream: comm (<group>)" (every op from its start event to its end event). Exercised by:
-`pytest tests/test_gpu_trace.py` (stand-in events on CPU); on a GPU by
-`commprof run --strategy ddp --backend nccl --nproc 2 --trace DIR`.
+`pytest tests/unit/test_gpu_stream_spans.py` (stand-in events on CPU); on a GPU by
+`pytest tests/test_gpu_trace.py` and `commprof run --strategy ddp --backend nccl --nproc 2 --trace DIR`.
 """
 
 from __future__ import annotations

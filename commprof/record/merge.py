@@ -11,7 +11,7 @@ spans, so they are drawn here, not in the per-rank files. The counter, the paylo
 issued and not yet complete, is drawn here too: from a rank's whole run at once (not a write's share of
 it), and off the ranks' hot path, where it cost two events and a sort per op. Rank 0 merges at the end of a run
 (record/trace.py's `finish`); `merge(DIR)` does it again from the files after a killed run.
-Exercised by: `pytest tests/test_trace.py`.
+Exercised by: `pytest tests/unit/test_trace_files.py tests/test_trace.py`.
 """
 
 from __future__ import annotations

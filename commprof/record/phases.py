@@ -20,7 +20,7 @@ op waited on while still in flight completes when the wait returns, as a blockin
 Handle), so every blocked span lies inside its op's comm span: exposed ≤ comm, and data + compute +
 exposed + bubble ≤ wall, on every iteration (tests/invariants.py checks them).
 
-Exercised by: `pytest tests/test_phases.py`.
+Exercised by: `pytest tests/unit/test_breakdown.py tests/test_phases.py`.
 """
 
 from __future__ import annotations

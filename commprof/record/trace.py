@@ -19,7 +19,7 @@ one killed inside a write's syscall may leave that write cut short, which `load(
 Rank 0 writes DIR/trace.json at the end (record/merge.py: every rank's events, the flow arrows between them,
 each rank's counter "bytes in flight", the clock alignment); `merge(DIR)` rebuilds it from the per-rank files
 after a killed run.
-Exercised by: `pytest tests/test_trace.py`.
+Exercised by: `pytest tests/unit/test_trace_files.py tests/test_trace.py`.
 """
 
 from __future__ import annotations

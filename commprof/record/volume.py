@@ -5,7 +5,7 @@ ring algorithm's per-rank send factor (nccl-tests' bus factor; `wire_factor`, co
 all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1;
 recv 0 (the peer's send counts it). n is the op's group size. Per epoch = per step × steps per epoch.
 Ops on a subgroup are counted apart, under "<op> (<group>)", e.g. "all_reduce (dp)" and "send (pp)" on
-a 2-D grid. Exercised by: `pytest tests/test_phases.py -k volume`.
+a 2-D grid. Exercised by: `pytest tests/unit/test_breakdown.py -k volume`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ smallest size, the peak bus bandwidth and the size that reached it, the half-pea
 which busbw reaches half its peak: below it latency rules, above it bandwidth), the #wrong total, and the rank
 that was slowest when one stands out. Plain data first (`summarize`), then its table.
 
-Exercised by: `commprof bench --nproc 2 -e 1M` and `pytest tests/test_fit.py`.
+Exercised by: `commprof bench --nproc 2 -e 1M` and
+`pytest tests/unit/test_bench_summary.py tests/unit/test_table_widths.py`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ beside a line at the job's step. Plain data in, a PNG and the data drawn out.
 
     commprof run --strategy ddp --nproc 2 --trace t/ --plot p/        (p/run-causes.png)
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_findings_recorded.py`.
 """
 
 from __future__ import annotations

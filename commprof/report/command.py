@@ -9,7 +9,7 @@ side by side, each change against the runs' noise (report/findings_compare.py). 
     commprof report gloo.json mpi.json
     commprof report grid.json --markdown > table.md
 
-Exercised by: `pytest tests/test_report_cli.py tests/test_bad_input.py`.
+Exercised by: `pytest tests/unit/test_report_recorded.py tests/test_bad_input.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (size rows × rank-count columns), several bench files side by side with ratios; rows are plain data,
 tables render them. Written by a grid (commprof/sweep.py) and by `commprof report`.
 
-Exercised by: `pytest tests/test_sweep.py tests/test_report_cli.py`.
+Exercised by: `pytest tests/test_sweep.py tests/unit/test_report_recorded.py`.
 """
 
 from __future__ import annotations

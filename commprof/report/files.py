@@ -11,7 +11,7 @@ Every file a command writes for the user is said once, on stderr, in the form `-
 `csv: PATH`, `plot: PATH` (`said`): write_result and write_csv say theirs when they write the final file, not
 the snapshots of a job still going.
 
-Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py`.
+Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py tests/unit/test_atomic_write.py`.
 """
 
 from __future__ import annotations

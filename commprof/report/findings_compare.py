@@ -6,7 +6,7 @@ only is "new" or "gone". Plain data (`compare`), then its table.
 
     commprof report before.json after.json
 
-Exercised by: `pytest tests/test_findings.py`.
+Exercised by: `pytest tests/unit/test_findings_recorded.py`.
 """
 
 from __future__ import annotations

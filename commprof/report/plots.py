@@ -7,7 +7,7 @@ as plain data, and with `keep` the Figures themselves, so a caller can check a f
 came from. figures.py holds what the plots share: markers, identical lines, legends clear of the data.
 matplotlib is imported only when a plot is drawn, with the Agg backend, so importing this module stays cheap.
 
-Exercised by: `pytest tests/test_plots.py tests/test_plot_artists.py`.
+Exercised by: `pytest tests/unit/test_plots_recorded.py tests/test_plot_artists.py tests/unit/test_plot_legends.py`.
 """
 
 from __future__ import annotations

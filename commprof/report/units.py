@@ -1,7 +1,7 @@
 """Byte sizes in and out: '64K' -> 65536 for the CLI, 65536 -> '64 KiB' for labels; link rates in.
 
-K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/test_units_stats.py` and
-`pytest tests/test_fuzz_cli.py`.
+K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/unit/test_units_stats.py` and
+`pytest tests/unit/test_cli_grammar.py`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ how many bytes cross ranks.
     commprof run --strategy single --model mnist-cnn --batch-size 128 --save-state single.pt
     commprof run --list-models
 
-Exercised by: `pytest tests/test_run_cli.py` and `pytest tests/test_fuzz_cli.py`.
+Exercised by: `pytest tests/test_run_cli.py` and `pytest tests/unit/test_cli_grammar.py`.
 """
 
 from __future__ import annotations

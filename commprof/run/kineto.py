@@ -8,7 +8,7 @@ torch.profiler.record_function records — around torch's own ops (`gloo:all_red
 
 HTA groups ranks by the trace's `distributedInfo` (backend, rank, world_size): Kineto writes it when
 torch.distributed is initialised (gloo, NCCL); for MPI, which commprof drives through mpi4py, commprof
-adds it. Exercised by: `pytest tests/test_kineto.py`.
+adds it. Exercised by: `pytest tests/unit/test_kineto_sink.py tests/test_kineto.py`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 CATALOG names each strategy's module and class and what the launcher checks before any rank starts
 (the backends it runs on, whether it splits the model), so checking a command line loads no strategy
 and no torch; `STRATEGIES` (name -> class) loads them all when first asked for, as the ranks do.
-tests/test_strategies.py checks that every entry agrees with its class. Exercised by: `pytest
-tests/test_strategies.py`.
+tests/unit/test_strategy_catalog.py checks that every entry agrees with its class. Exercised by:
+`pytest tests/unit/test_strategy_catalog.py tests/test_strategies.py`.
 """
 
 from __future__ import annotations

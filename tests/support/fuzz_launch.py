@@ -3,7 +3,7 @@
 
     python tests/support/fuzz_launch.py [-n 24] [--seed S] [--timeout 60]
 
-The argv come from tests/cli_fuzz.py's grammar, the one tests/test_fuzz_cli.py fuzzes in-process, and
+The argv come from tests/cli_fuzz.py's grammar, the one tests/unit/test_cli_grammar.py fuzzes in-process, and
 are kept only when that in-process check rejects them: no launch should get as far as starting a rank.
 Every process carries a tag in its environment, so that one left behind is found (and killed) however
 it was started. The launches run one at a time from an empty temporary folder; the same --seed draws

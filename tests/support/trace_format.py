@@ -10,7 +10,7 @@ in time order (Perfetto drops a flow end without an earlier start), each bound t
 
     python tests/support/trace_format.py trace/trace.json trace/rank0.trace.json
 
-Used by tests/test_trace.py.
+Used by tests/unit/test_trace_files.py and tests/test_trace.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Data sources read back small real-format files exactly; sampling is rank-count independent."""
 
-import gzip
 import pickle
 import struct
 
@@ -8,19 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from support.idx_files import write_idx
 
 from commprof.data import Batch, global_indices, open_source, shard, steps_per_epoch
 from commprof.errors import UsageError
-
-
-def write_idx(path, array, *, gz=False, magic=None):
-    dims = array.ndim
-    magic = (0x0800 | dims) if magic is None else magic
-    raw = struct.pack(f">I{dims}I", magic, *array.shape) + array.astype(np.uint8).tobytes()
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        raw = gzip.compress(raw)
-    path.write_bytes(raw)
 
 
 def mnist_arrays(n, seed):

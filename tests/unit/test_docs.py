@@ -18,7 +18,7 @@ from cli_fuzz import check
 from commprof.commands import COMMANDS, build_parser
 from commprof.errors import UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
         ROOT / "benchmarks" / "studies" / "README.md", ROOT / "tools" / "README.md"]
 SHELL = ("", "bash", "sh", "shell", "console")

@@ -1,13 +1,15 @@
 """`commprof predict`: the fabric read from numbers or fitted from a bench JSON, the replay held to closed
-forms on iterations built by hand, real traced runs (ddp, fsdp, a data-parallel pipeline) replayed at N
-ranks, and bad input refused in one line. tests/test_predict_fabric.py holds the predictions to runs on
-3 and 4 hosts of a shaped link."""
+forms on iterations built by hand, recorded traced runs (ddp, fsdp, a data-parallel pipeline:
+tests/recorded/) replayed at N ranks, and bad input refused in one line, all in this process.
+tests/test_predict_fabric.py holds the predictions of live runs to runs on 3 and 4 hosts of a shaped link."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
-from spawn import commprof, env_for_tests
 
+from commprof import cli
 from commprof.bench.alphabeta import fit
 from commprof.errors import UsageError
 from commprof.predict import fabric as fabrics
@@ -42,21 +44,29 @@ def test_fabric_that_does_not_parse(spec, words):
         fabrics.parse(spec)
 
 
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
+
+
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    """Real runs with --trace, and a bench sweep of sendrecv, all on this host."""
+    """Recorded runs, each as NAME.json beside its trace folder NAME/ (the JSON naming it), and a bench sweep of
+    sendrecv as bench.json: what `commprof run --trace` and `bench --json` wrote (tests/recorded/README.md)."""
     tmp = tmp_path_factory.mktemp("traced")
-    jobs = {"ddp": ("--strategy", "ddp", "--nproc", "2"), "fsdp": ("--strategy", "fsdp", "--nproc", "2"),
-            "pipeline": ("--strategy", "pipeline-1f1b", "--nproc", "4", "--dp", "2"),
-            "single": ("--strategy", "single", "--nproc", "1")}
-    for name, args in jobs.items():
-        proc = commprof("run", *args, "--steps", "4", "--warmup", "1", "--batch-size", "8", "--samples", "256",
-                        "--eval-samples", "0", "--json", str(tmp / f"{name}.json"), "--trace", str(tmp / name))
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = commprof("bench", "sendrecv", "-b", "1K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "--nproc", "2",
-                    "--json", str(tmp / "bench.json"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("ddp", "fsdp", "pipeline", "single"):
+        doc = json.loads((RECORDED / name / "run.json").read_text())
+        if (RECORDED / name / "trace").is_dir():
+            shutil.copytree(RECORDED / name / "trace", tmp / name)
+            doc["config"]["out"]["trace"] = str(tmp / name)
+        (tmp / f"{name}.json").write_text(json.dumps(doc))
+    shutil.copy(RECORDED / "sendrecv" / "bench.json", tmp / "bench.json")
     return tmp
+
+
+def commprof(*argv: str, capsys) -> tuple[int, str, str]:
+    """`commprof ARGV` in this process: its exit code, stdout and stderr."""
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def test_fabric_fitted_from_a_bench_json(traced):
@@ -166,12 +176,12 @@ def test_a_traced_iteration_accounts_for_its_whole_wall_time(traced):
         assert free[0] <= max(p.wall_ms for p in m.iterations[0]) + 1e-6
 
 
-def test_predict_over_real_runs(traced, tmp_path):
+def test_predict_over_real_runs(traced, tmp_path, capsys):
     out, png = tmp_path / "p.json", tmp_path / "p.png"
     runs = [str(traced / f"{n}.json") for n in ("ddp", "fsdp", "pipeline")]
-    proc = commprof("predict", *runs, "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us", "--ranks-per-host", "4",
-                    "--json", str(out), "--plot", str(png), timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = commprof("predict", *runs, "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us", "--ranks-per-host", "4",
+                            "--json", str(out), "--plot", str(png), capsys=capsys)
+    assert code == 0, err
     assert png.stat().st_size > 10_000
     doc = json.loads(out.read_text())
     assert [r["strategy"] for r in doc["inputs"]] == ["ddp", "fsdp", "pipeline-1f1b"]
@@ -188,16 +198,16 @@ def test_predict_over_real_runs(traced, tmp_path):
         beyond = [p["comm_ms"] for p in preds if p["ranks"] > 4]
         assert beyond[-1] > beyond[0] and preds[-1]["efficiency"] < preds[0]["efficiency"]
     # the trace folder alone: the same replay, without the run's batch to turn steps into samples
-    proc = commprof("predict", str(traced / "ddp"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
-                    "--ranks-per-host", "4", "--json", str(out), timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = commprof("predict", str(traced / "ddp"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
+                            "--ranks-per-host", "4", "--json", str(out), capsys=capsys)
+    assert code == 0, err
     alone = json.loads(out.read_text())["inputs"][0]
     assert alone["strategy"] == "ddp" and alone["backend"] is None
     assert all(p["throughput"] is None for p in alone["predictions"])
     # a free fabric: every op costs ~nothing, so the step is the busy time (efficiency 1)
-    proc = commprof("predict", runs[0], "--fabric", "intra=1000000000TB/s,0us", "--ranks", "2,4",
-                    "--ranks-per-host", "8", "--json", str(out), timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    code, _, err = commprof("predict", runs[0], "--fabric", "intra=1000000000TB/s,0us", "--ranks", "2,4",
+                            "--ranks-per-host", "8", "--json", str(out), capsys=capsys)
+    assert code == 0, err
     free = json.loads(out.read_text())["inputs"][0]["predictions"]
     assert all(p["efficiency"] == pytest.approx(1.0, abs=1e-6) for p in free)
 
@@ -211,23 +221,23 @@ def test_predict_over_real_runs(traced, tmp_path):
     (("nowhere.json",), "cannot read it"),
     (("ddp.json", "--ranks-per-host", "0"), "give 1 or more"),
 ])
-def test_bad_input_is_one_line_exit_2(traced, args, words):
+def test_bad_input_is_one_line_exit_2(traced, args, words, capsys):
     untraced = json.loads((traced / "ddp.json").read_text())
     untraced["config"]["out"]["trace"] = None
     (traced / "untraced.json").write_text(json.dumps(untraced))
     argv = [str(traced / a) if a.endswith(".json") else a for a in args]
-    proc = commprof("predict", *argv, "--fabric", "intra=1GB/s,1us", timeout=60)
-    assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    proc = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=1GB/s", timeout=60)
-    assert proc.returncode == 2 and "give a rate and a latency" in proc.stderr
+    code, _, err = commprof("predict", *argv, "--fabric", "intra=1GB/s,1us", capsys=capsys)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=1GB/s", capsys=capsys)
+    assert code == 2 and "give a rate and a latency" in err
 
 
 @pytest.mark.parametrize("columns", [80, 120])
-def test_the_prediction_table_fits_the_terminal_whole(traced, columns):
-    proc = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
-                    "--ranks-per-host", "4", "--ranks", "2,64,1024", env=env_for_tests(COLUMNS=str(columns)),
-                    timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    table = proc.stdout[proc.stdout.index("predicted step per rank count"):]
+def test_the_prediction_table_fits_the_terminal_whole(traced, columns, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = commprof("predict", str(traced / "ddp.json"), "--fabric", "intra=20GB/s,5us;inter=1GB/s,30us",
+                              "--ranks-per-host", "4", "--ranks", "2,64,1024", capsys=capsys)
+    assert code == 0, err
+    table = out[out.index("predicted step per rank count"):]
     assert "…" not in table and max(map(len, table.splitlines())) <= columns, table
     assert "1024" in table and "efficiency" in table

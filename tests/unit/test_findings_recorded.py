@@ -1,0 +1,172 @@
+"""Findings read from recorded jobs (tests/recorded/: slowed, balanced, per-param, fused): the analysis of a
+trace gives back the findings the job printed; the slept rank is the straggler at its delay and its absence
+the balanced step; the split by cause adds up; report prints and compares them again. The same jobs run live
+in tests/test_findings.py; here nothing is started."""
+
+import json
+import statistics
+
+import pytest
+
+from commprof import cli
+from commprof.findings import whatif
+from commprof.findings.arrivals import analyze
+from commprof.findings.kinds import of_trace
+from commprof.predict import timeline
+
+DELAY_MS = 20.0
+"""What rank 1 of the slowed job slept before every backward (tests/support/record.py)."""
+
+
+def near_delay(found: dict, delay: float, value: float | None = None, rel: float = 0.15) -> bool:
+    """A straggler's cost (or `value`) is the delay plus what else its own time exceeded its peers' by in the same
+    job: within `rel` of the delay beside that control (tests/test_findings.py holds live jobs to the same)."""
+    e = found["evidence"]
+    besides = (e["busy_ms"] - delay) - e["others_busy_ms"]
+    value = found["ms_per_step"] if value is None else value
+    return abs(value - delay) <= rel * delay + abs(besides)
+
+
+def load(folder, name="profile.json") -> dict:
+    return json.loads((folder / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["slowed", "balanced", "per-param"])
+def test_the_analysis_of_a_recorded_trace_gives_back_the_findings_the_job_printed(recorded, name):
+    folder = recorded(name)
+    doc = load(folder)
+    # the recorded trace already holds the slices the job drew; drawing them again replaces them
+    again = json.loads(json.dumps(of_trace(str(folder / "trace"))))  # as the JSON holds it: keys as strings
+    assert again["items"] == doc["findings"]["items"] and again["by_rank"] == doc["findings"]["by_rank"], again
+    assert again["trace_slices"] == doc["findings"]["trace_slices"] > 0
+
+
+def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanced_step(recorded):
+    folder = recorded("slowed")
+    doc, shown = load(folder), " ".join((folder / "stdout.txt").read_text().split())
+    top = doc["findings"]["items"][0]
+    assert (top["kind"], top.get("rank")) == ("straggler", 1), doc["findings"]
+    assert near_delay(top, DELAY_MS), top
+    assert top["evidence"]["last_at_share"] > 0.9 and top["evidence"]["peers_wait_ms"]["0"] >= top["ms_per_step"]
+    step = timeline.load(str(folder / "trace")).measured_wall_ms
+    assert near_delay(top, DELAY_MS, step - top["step_ms_without"]), (top, step)
+    # --warmup 1: no aligned iteration prices the late ops, so the step without it is a lower bound, said so
+    assert top["evidence"]["late_ops_priced_aligned"] == 0 and top["step_without_lower_bound"], top
+    assert (f"step without it ≥ {top['step_ms_without']:.1f} ms (a lower bound: 0 % of the ops it made late met "
+            "aligned in two warm-up iterations or more; a higher --warmup prices more)") in shown
+    assert shown.index("straggler") < shown.index("commprof profile")  # printed first, before the tables
+
+
+def test_a_balanced_job_names_no_straggler_or_imbalance(recorded):
+    folder = recorded("balanced")
+    doc = load(folder)
+    assert doc["findings"]["threshold"] == 0.03
+    found = {f["kind"]: f for f in doc["findings"]["items"]}
+    assert "imbalance" not in found, doc["findings"]
+    # the control from the same job: its ranks' own times; a rank whose own time was longer in every step is
+    # waited for, and saying so is no false finding, but it costs no more than that excess
+    own = [r.busy_ms for r in analyze(timeline.load(str(folder / "trace"))).ranks]
+    if max(own) <= min(own) * 1.10:
+        assert "straggler" not in found, (doc["findings"], own)
+    elif "straggler" in found:
+        assert found["straggler"]["ms_per_step"] <= 1.5 * (max(own) - min(own)), (found, own)
+
+
+def test_each_ranks_blocked_time_is_its_waits_and_transfers(recorded):
+    a = analyze(timeline.load(str(recorded("slowed") / "trace")))
+    for split in (r for it in a.per_iteration for r in it):
+        assert split.blocked_ms == pytest.approx(sum(split.waiting_ms.values()) + split.transfer_ms, abs=1e-6)
+        assert split.wall_ms == pytest.approx(split.busy_ms + split.blocked_ms, rel=0.05)
+    assert {x.last for x in a.arrivals} <= {0, 1} and all(x.spread_ms >= 0 for x in a.arrivals)
+
+
+def test_the_trace_shows_each_blocked_stretch_by_cause(recorded):
+    # a row per rank under its training thread: the slices add up to the blocked time the findings count,
+    # and rank 0's "waiting for rank 1" to the delay its peer slept each step
+    from commprof.findings.slices import ROW, TID
+
+    folder = recorded("slowed")
+    doc = load(folder)
+    events = json.loads((folder / "trace" / "trace.json").read_text())["traceEvents"]
+    drawn = [e for e in events if e.get("tid") == TID and e.get("ph") == "X"]
+    assert doc["findings"]["trace_slices"] == len(drawn) > 0
+    assert {e["pid"] for e in events if e.get("tid") == TID and e.get("name") == "thread_name"
+            and e["args"]["name"] == ROW} == {1, 2}
+    a = analyze(timeline.load(str(folder / "trace")))
+    for r in (0, 1):
+        total = sum(e["dur"] for e in drawn if e["pid"] == r + 1) / 1e3
+        assert total == pytest.approx(sum(it[r].blocked_ms for it in a.per_iteration), abs=0.01), r
+    waited = sum(e["dur"] for e in drawn if e["pid"] == 1 and e["name"] == "waiting for rank 1") / 1e3
+    assert near_delay(doc["findings"]["items"][0], DELAY_MS, waited / a.iterations, rel=0.2), waited
+    assert all(e["name"].startswith(("waiting for rank ", "transfer ")) for e in drawn)
+
+
+def test_the_causes_plot_stacks_each_ranks_step_by_cause(recorded, tmp_path):
+    from commprof.report.cause_plot import cause_plot
+
+    doc = load(recorded("slowed"))
+    block = doc["findings"]
+    drawn = cause_plot(block, doc["summary"]["wall_ms"], tmp_path / "causes.png")
+    assert (tmp_path / "causes.png").stat().st_size > 0 and drawn["ranks"] == ["rank 0", "rank 1"]
+    parts = drawn["segments"]
+    assert near_delay(block["items"][0], DELAY_MS, parts["waiting for rank 1"][0], rel=0.2), parts
+    assert "waiting for rank 0" not in parts or parts["waiting for rank 0"][1] < DELAY_MS / 4, parts
+    for i, r in enumerate(block["by_rank"]):  # each bar reaches the rank's wall, or its causes where they pass it
+        causes = sum(v[i] for k, v in parts.items() if k != "other")
+        assert sum(v[i] for v in parts.values()) == pytest.approx(max(r["wall_ms"], causes)), (r, parts)
+    assert f"step {doc['summary']['wall_ms']:.2f} ms" in drawn["legend"] and "own time" in drawn["legend"]
+
+
+def test_many_small_all_reduces_are_latency_bound_and_one_fused_is_not(recorded):
+    per, fused = recorded("per-param"), load(recorded("fused"))
+    found = [f for f in load(per)["findings"]["items"] if f["kind"] == "latency_bound"]
+    assert len(found) == 1, load(per)["findings"]
+    e = found[0]["evidence"]
+    assert 25 <= e["ops_per_step"] <= 32  # 32 parameters, every step's ops matched
+    # fusing saves their transfer less one op per run of them by the fit (α + β·n, n at most all the
+    # gradients' 4·16·(32·32 + 32) bytes; β = 0 where the times did not grow with the sizes)
+    alpha_ms, most, runs = e["alpha_us"] / 1e3, 4 * 16 * (32 * 32 + 32), e["fused_runs_per_step"]
+    most_ms = runs * alpha_ms + (most / (e["bandwidth_GBps"] * 1e6) if e["bandwidth_GBps"] else 0)
+    assert runs >= 1 and alpha_ms <= e["fused_ms"] <= most_ms * (1 + 1e-9), e
+    assert e["fusing_saves_ms"] == pytest.approx(e["ms_per_step_in_them"] - e["fused_ms"], rel=1e-6)
+    # the step it predicts against the same script fusing them, measured (the 25 % the finding promises)
+    step = timeline.load(str(per / "trace")).measured_wall_ms
+    walls: dict[int, float] = {}
+    for it in fused["iterations"]:  # the slowest rank's wall, step by step
+        walls[it["step"]] = max(walls.get(it["step"], 0.0), it["wall_ms"])
+    assert abs((step - found[0]["step_ms_without"]) / (step - statistics.median(walls.values())) - 1) <= 0.25
+    assert not [f for f in fused["findings"]["items"] if f["kind"] == "latency_bound"]
+
+
+def test_report_prints_the_saved_findings_again(recorded, capsys):
+    folder = recorded("slowed")
+    assert cli.main(["report", str(folder / "profile.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "straggler" in x)
+    printed = " ".join((folder / "stdout.txt").read_text().split())
+    # the same words as the profile printed, however either output wrapped its lines
+    assert "rank 1 arrives last" in line and " ".join(line.split()) in printed
+
+
+def test_report_of_two_runs_compares_their_findings_against_the_noise(recorded, capsys):
+    from commprof.report.findings_compare import compare, step_noise_ms
+
+    slowed, balanced = recorded("slowed") / "profile.json", recorded("balanced") / "profile.json"
+    a, b = json.loads(slowed.read_text()), json.loads(balanced.read_text())
+    fixed = {r["finding"]: r for r in compare(a, b)["rows"]}["straggler rank 1"]
+    assert fixed["a_ms"] == a["findings"]["items"][0]["ms_per_step"], fixed
+    assert fixed["verdict"] == "gone" or (fixed["verdict"] == "better" and fixed["change_ms"] < -DELAY_MS / 2), fixed
+    back = {r["finding"]: r for r in compare(b, a)["rows"]}["straggler rank 1"]
+    assert back["verdict"] in ("new", "worse"), back
+    noise = compare(a, b)["noise_ms"]
+    assert noise == max(step_noise_ms(d) for d in (a, b)) and 0 < noise < DELAY_MS / 2
+    assert cli.main(["report", str(slowed), str(balanced)]) == 0
+    shown = capsys.readouterr().out
+    assert "findings, A → B in ms per step: A = " in shown
+    line = next(x for x in shown.splitlines() if "straggler rank 1" in x)
+    assert fixed["verdict"] in line and f"{fixed['a_ms']:.2f}" in line, line
+    assert f"±{noise:.2f} ms" in shown
+
+
+def test_a_straggler_without_aligned_iterations_prices_none_of_its_late_ops(recorded):
+    a = analyze(timeline.load(str(recorded("slowed") / "trace")))
+    assert a.aligned == () and whatif.priced_aligned(a, 1) == 0

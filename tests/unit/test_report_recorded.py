@@ -1,0 +1,109 @@
+"""`commprof report` on recorded files (tests/recorded/: bench-2, bench-2-again, ddp), in this process: the
+same tables the jobs printed, bench files side by side with ratios, plots with and without the link line, and
+files that are not whole commprof results refused in one line."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from commprof import cli
+
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
+BENCH, AGAIN, RUN = (RECORDED / name for name in ("bench-2/bench.json", "bench-2-again/bench.json", "ddp/run.json"))
+
+
+def report(capsys, *argv: str) -> tuple[int, str, str]:
+    """`commprof report ARGV` in this process: its exit code, stdout and stderr."""
+    code = cli.main(["report", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("│")]
+
+
+def test_report_of_a_bench_file_reproduces_its_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # as it was recorded
+    code, out, err = report(capsys, BENCH)
+    assert code == 0, err
+    printed = (BENCH.parent / "stdout.txt").read_text()
+    assert _table_lines(out) and _table_lines(out) == _table_lines(printed)
+
+
+def test_report_of_two_bench_files_side_by_side_with_ratios(capsys):
+    code, out, err = report(capsys, BENCH, AGAIN)
+    assert code == 0, err
+    a, b = (json.loads(f.read_text())["results"] for f in (BENCH, AGAIN))
+    rows = [[cell.strip() for cell in line.strip("│").split("│")] for line in _table_lines(out)]
+    assert len(rows) == len(a) == len(b)
+    for ra, rb in zip(a, b):
+        cells = next(c for c in rows if c[0] == ra["collective"] and c[2] == str(ra["nbytes"])
+                     and c[3] == ("in" if ra["inplace"] else "out"))
+        assert cells[5:] == [f"{ra['time_us']:,.2f}", f"{rb['time_us']:,.2f}", f"{rb['time_us'] / ra['time_us']:,.3f}"]
+
+
+def test_report_of_a_run_file_and_its_plots(capsys, tmp_path):
+    code, out, err = report(capsys, RUN, "--plot", tmp_path)
+    assert code == 0, err
+    doc = json.loads(RUN.read_text())
+    row = next(line for line in _table_lines(out) if line.startswith("│ run "))
+    assert f"{doc['summary']['wall_ms']:,.2f}" in row and f"{doc['metrics']['final_loss']:,.4f}" in row
+    assert (tmp_path / "run-iteration.png").stat().st_size > 0 and (tmp_path / "run-loss.png").exists()
+
+
+def test_files_that_are_not_whole_results_are_one_line_exit_2(capsys, tmp_path):
+    text = BENCH.read_text()
+    (tmp_path / "cut.json").write_text(text[: len(text) // 2])
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    incomplete = json.loads(text) | {"complete": False, "reason": "rank 1 died"}
+    (tmp_path / "partial.json").write_text(json.dumps(incomplete))
+    cases = {"cut.json": "not JSON, or cut short", "other.json": "not a commprof result",
+             "partial.json": "incomplete result (rank 1 died)", "missing.json": "cannot read it"}
+    for name, words in cases.items():
+        code, _, err = report(capsys, tmp_path / name)
+        assert code == 2 and err.count("\n") == 1, (name, err)
+        assert err.startswith("commprof: error: ") and words in err, (name, err)
+    code, _, err = report(capsys, BENCH, RUN)
+    assert code == 2 and "not both" in err
+
+
+def test_link_rate_is_drawn_on_the_bench_plots(capsys, tmp_path):
+    # the command's PNG is the figure drawn here with the link line (200 Gbit/s = 25 GB/s), pixel for pixel;
+    # without --link-rate it is the one drawn without. Sizes may differ: a legend that covers the line moves out.
+    import matplotlib.image
+    import numpy as np
+
+    from commprof.report import plots
+
+    records = [r for r in json.loads(BENCH.read_text())["results"] if r["collective"] == "all_reduce"]
+    one = tmp_path / "bench.json"  # all_reduce alone: one figure to draw twice
+    shutil.copy(BENCH, one)
+    one.write_text(json.dumps(json.loads(one.read_text()) | {"results": records}))
+    for name, extra, link in (("plain", (), None), ("link", ("--link-rate", "200Gbit/s"), 25.0)):
+        code, _, err = report(capsys, one, "--plot", tmp_path / name, *extra)
+        assert code == 0, err
+        figures = {}
+        plots.bench_plots(records, tmp_path / f"{name}-here", link_GBps=link, keep=figures)
+        (path,) = [p for p in figures if p.endswith("bench-all_reduce.png")]
+        bw = figures[path].axes[0]
+        drawn = [line.get_label() for line in bw.get_lines() if line.get_label().startswith("link ")]
+        assert drawn == ([] if link is None else ["link 25 GB/s"]), drawn
+        assert np.array_equal(matplotlib.image.imread(tmp_path / name / "bench-all_reduce.png"),
+                              matplotlib.image.imread(path)), name
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--plot", "d", "--link-rate", "1Gb/s"), "cannot read rate '1Gb/s' of --link-rate"),
+    (("--link-rate", "25"), "--link-rate is drawn on the --plot figures"),
+    (("--plot", "d", "--link-rate", "0"), "--link-rate 0: the rate must be positive"),
+    (("--markdown",), "--markdown writes the run comparison table; these are bench results"),
+])
+def test_bad_link_rates_are_one_line_exit_2(capsys, tmp_path, args, words):
+    code, _, err = report(capsys, BENCH, *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("commprof: error: ") and words in err, err
+    code, _, err = report(capsys, RUN, "--plot", tmp_path, "--link-rate", "25")
+    assert code == 2 and "--link-rate is drawn on bench figures" in err, err

@@ -1,6 +1,7 @@
-"""Test-wide set-up: tests/ on the path, tests marked gpu skipped where no CUDA GPU is seen, and a check at
-the end of the run that no process a test started (spawn.py marks them all) is still alive — a leaked rank
-fails the run."""
+"""Test-wide set-up: tests/ on the path, every test outside tests/unit/ marked `job` (it starts processes:
+`pytest -m job` runs the jobs alone), tests marked gpu skipped where no CUDA GPU is seen, and a check at the
+end of the run that no process a test started (spawn.py marks them all) is still alive — a leaked rank fails
+the run. tests/README.md says what lives where."""
 
 import os
 import signal
@@ -16,14 +17,22 @@ LEAK_GRACE_S = 5.0
 """Time a process of the last test gets to finish exiting before it counts as leaked."""
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu are skipped where torch sees no CUDA GPU (asked of the driver: no torch import)."""
-    from commprof.backends import cuda_devices
+UNIT = Path(__file__).parent / "unit"
+"""The fast lane: its tests start no process (unit/conftest.py refuses it)."""
 
-    if cuda_devices():
-        return
+
+def pytest_collection_modifyitems(config, items):
+    """Tests outside tests/unit/ are marked job; tests marked gpu are skipped where torch sees no CUDA GPU
+    (asked of the driver: no torch import)."""
     import pytest
 
+    from commprof.backends import cuda_devices
+
+    for item in items:
+        if UNIT not in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.job)
+    if cuda_devices():
+        return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:

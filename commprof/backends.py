@@ -157,8 +157,26 @@ def require_cuda() -> None:
         raise UsageError("backend nccl needs a CUDA GPU and none is visible; use --backend gloo or mpi")
 
 
+_HELD: dict[int, socket.socket] = {}
+"""Ports free_port() handed out, each still bound by a socket of this process (see free_port)."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that stays free for the job it is for: a socket of this process keeps it bound,
+    not listening, with SO_REUSEADDR, until release_port(port) or this process's exit. Rank 0's store binds it
+    beside that socket (SO_REUSEADDR too), while every other bind(0) and connect() on the host passes it by:
+    a port merely free a moment ago could be taken, before rank 0 binds it, by another job's gloo listener
+    or client socket (several jobs at once on one host)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    _HELD[port] = s
+    return port
+
+
+def release_port(port: int) -> None:
+    """Let go of a port free_port() holds (nothing if it holds none)."""
+    held = _HELD.pop(port, None)
+    if held is not None:
+        held.close()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from commprof import job
-from commprof.backends import YIELD_ENV, free_port
+from commprof.backends import YIELD_ENV, free_port, release_port
 from commprof.errors import UsageError
 from commprof.world import usable_cores
 
@@ -73,7 +73,8 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             code = _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
                             oversubscribed, folder, timeout_s)
         else:
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
+            port = free_port()
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
                        LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
             children = [
                 subprocess.Popen(shlex.split(wrapper.replace("{rank}", str(r))) + command,
@@ -81,6 +82,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
                 for r in range(nproc)
             ]
             code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s)
+            release_port(port)
     finally:
         _stop_pids(folder)
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from spawn import SESSION_ENV, processes  # noqa: E402
+from spawn import RUN_ENV, SESSION_ENV, processes, session_id  # noqa: E402
 
 LEAK_GRACE_S = 5.0
 """Time a process of the last test gets to finish exiting before it counts as leaked."""
@@ -39,14 +39,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_configure(config):
+    """The run's id for every process its tests start, xdist's workers' included: they inherit it."""
+    os.environ.setdefault(RUN_ENV, str(os.getpid()))
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput"):  # the first process checks, once every worker has finished
         return
     deadline = time.monotonic() + LEAK_GRACE_S
-    left = processes(SESSION_ENV, str(os.getpid()))
+    left = processes(SESSION_ENV, session_id())
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = processes(SESSION_ENV, str(os.getpid()))
+        left = processes(SESSION_ENV, session_id())
     if not left:
         return
     lines = []

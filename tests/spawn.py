@@ -18,14 +18,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from commprof.comm import free_port
+from commprof.backends import free_port, release_port
 from commprof.launch import find_mpiexec
 
 TIMEOUT_S = 180
 GRACE_S = 10.0
 """How long the other ranks of a job may run on after one failed, to report their own error."""
 SESSION_ENV = "COMMPROF_TEST_SESSION"
-"""Names the pytest process that started a process: the leak check finds them by it."""
+"""Names the pytest run that started a process: the leak check finds them by it."""
+RUN_ENV = "COMMPROF_TEST_RUN"
+"""The pid of the run's first pytest process, set by conftest.py and inherited by pytest-xdist's workers, so
+that the processes of every worker carry the same SESSION_ENV (the workers themselves do not carry it)."""
+
+
+def session_id() -> str:
+    return os.environ.get(RUN_ENV) or str(os.getpid())
 
 
 def env_for_tests(**extra: str) -> dict:
@@ -33,7 +40,7 @@ def env_for_tests(**extra: str) -> dict:
     for key in ("COMMPROF_DEBUG", "COMMPROF_FAULT", "COMMPROF_JOB_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    return {**env, SESSION_ENV: str(os.getpid()), **extra}
+    return {**env, SESSION_ENV: session_id(), **extra}
 
 
 def _run(commands: list[tuple[list[str], dict]], timeout: float) -> subprocess.CompletedProcess:
@@ -89,10 +96,13 @@ def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = No
     env = env_for_tests() if env is None else env
     if backend == "mpi":
         return _run([([find_mpiexec(), "-n", str(nproc), *command], env)], timeout)
-    port = str(free_port())
-    return _run([(command, {**env, "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
-                            "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
-                 for r in range(nproc)], timeout)
+    port = free_port()
+    try:
+        return _run([(command, {**env, "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
+                                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                     for r in range(nproc)], timeout)
+    finally:
+        release_port(port)
 
 
 def python_c(script: str, *, timeout: float) -> tuple[subprocess.CompletedProcess, float]:

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# torch.distributed's first import asks ldconfig for libdl (ctypes.util.find_library runs `ldconfig -p`): it
+# happens here, once, while the lane is collected, not inside whichever test would import it first
+import torch.distributed  # noqa: F401
+
 
 class ProcessStarted(RuntimeError):
     """A test of the fast lane tried to start a process."""

@@ -12,12 +12,18 @@ Workloads (`--workloads`):
   `parallelize_module`, Adam;
 - small: 200 all_reduces of 8 floats a step, nothing else.
 
+--device cuda puts each workload's model and batches on the GPU (rank r on GPU r mod the GPUs there) and
+times each step to its last kernel (torch.cuda.synchronize); with gloo, the default, 2 ranks share one GPU
+(gloo moves CUDA tensors through the host); --backend nccl runs a rank per GPU, at most 2 (NCCL puts no two
+ranks of a group on one GPU).
+
 Rounds take the arms in each of their 6 orders in turn; each run's figure is the median of its steps after
 the warm-up; the ratio is arm/plain per round, and its median over rounds is the result, with its 95 % CI
 (common.median_ci).
 
     python benchmarks/profile_cost.py [--quick] [--workloads ddp,fsdp2,pipeline,tp,small] [--rounds 5]
-                                      [--steps 30] [--warmup 5] [--json PATH]
+                                      [--steps 30] [--warmup 5] [--device cpu|cuda] [--backend gloo|nccl]
+                                      [--json PATH]
 
 --quick: every workload profiled, one after another in one job of 4 steps each after 1 of warm-up, ddp on
 a small CNN: to see that each runs under `commprof profile` (no plain arm, so no ratio).
@@ -50,14 +56,14 @@ RUN_TIMEOUT_S = 900
 
 
 # ---- the workloads: each returns one training step, run in a rank --------------------------------------
-def ddp(model_name: str):
+def ddp(model_name: str, device):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(image_model(model_name))
+    model = DDP(image_model(model_name).to(device), device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+    x, y = torch.randn(32, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
 
     def step():
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -68,8 +74,10 @@ def ddp(model_name: str):
     return step, lambda: None
 
 
-def fsdp2(_):
+def fsdp2(_, device):
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     width, vocab = 128, 512
@@ -88,12 +96,13 @@ def fsdp2(_):
             return x + self.mlp(self.ln2(x))
 
     model = torch.nn.Sequential(torch.nn.Embedding(vocab, width), *(Block() for _ in range(4)),
-                                torch.nn.Linear(width, vocab))
+                                torch.nn.Linear(width, vocab)).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in model[1:5]:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, vocab, (8, 64), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, vocab, (8, 64), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step():
         loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
@@ -105,18 +114,18 @@ def fsdp2(_):
     return step, lambda: {k: v.full_tensor() for k, v in model.state_dict().items()}
 
 
-def pipeline(_):
+def pipeline(_, device):
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    module = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    module = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4))).to(device)
+    stage = PipelineStage(module, rank, world, device)
     schedule = ScheduleGPipe(stage, 8, loss_fn=torch.nn.functional.mse_loss)
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g)
+    x, y = torch.randn(64, 256, generator=g).to(device), torch.randn(64, 256, generator=g).to(device)
 
     def step():
         if rank == 0:
@@ -131,17 +140,18 @@ def pipeline(_):
     return step, lambda: None
 
 
-def tp(_):
+def tp(_, device):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 1024)).to(device)
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(128, 1024, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(128, 1024, generator=torch.Generator().manual_seed(0)).to(device)
 
     def step():
         model(x).square().mean().backward()
@@ -151,11 +161,11 @@ def tp(_):
     return step, lambda: None
 
 
-def small(_):
+def small(_, device):
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(8)
+    t = torch.ones(8, device=device)
 
     def step():
         for _ in range(200):
@@ -164,7 +174,8 @@ def small(_):
     return step, lambda: None
 
 
-def script(workloads: list[str], steps: int, warmup: int, model_name: str) -> None:
+def script(workloads: list[str], steps: int, warmup: int, model_name: str, device_type: str = "cpu",
+           backend: str = "gloo") -> None:
     """One rank's run of each workload in turn: prints its median step time (ms) after the warm-up as a
     JSON line per workload."""
     import gc
@@ -173,14 +184,21 @@ def script(workloads: list[str], steps: int, warmup: int, model_name: str) -> No
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    device, sync = torch.device("cpu"), lambda: None
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        sync = torch.cuda.synchronize  # a step ends when its last kernel does, not when the host queued it
+    dist.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
     for workload in workloads:
         torch.manual_seed(0)
-        step, after = globals()[workload](model_name)
+        step, after = globals()[workload](model_name, device)
         times = []
         for _ in range(steps):
+            sync()
             start = time.perf_counter()
             step()
+            sync()
             times.append((time.perf_counter() - start) * 1e3)
         after()
         if dist.get_rank() == 0:
@@ -191,17 +209,29 @@ def script(workloads: list[str], steps: int, warmup: int, model_name: str) -> No
     dist.destroy_process_group()
 
 
-def run(arm: str, workloads: list[str], steps: int, warmup: int, model: str) -> dict[str, float]:
+def nproc(device: str, backend: str) -> int:
+    """Ranks a job starts: 2, or with NCCL one per GPU up to 2 (NCCL puts no two ranks of a group on one GPU)."""
+    if backend != "nccl":
+        return 2
+    from commprof.backends import cuda_devices
+
+    return max(1, min(2, cuda_devices()))
+
+
+def run(arm: str, workloads: list[str], steps: int, warmup: int, model: str, device: str = "cpu",
+        backend: str = "gloo", timeout_s: float = RUN_TIMEOUT_S) -> dict[str, float]:
     """One job of `arm` running each workload in turn: workload -> its median step (ms)."""
     env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
     env.pop("THP_MEM_ALLOC_ENABLE", None)  # the same allocator in every arm
-    args = [__file__, "--script", ",".join(workloads), "--steps", str(steps), "--warmup", str(warmup), "--model", model]
+    args = [__file__, "--script", ",".join(workloads), "--steps", str(steps), "--warmup", str(warmup), "--model", model,
+            "--device", device, "--backend", backend]
     what = f"profile_cost: {', '.join(workloads)}, {arm}"
+    n = nproc(device, backend)
     if arm == "profiled":
-        outs = [job([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--", *args], env=env,
-                    timeout_s=RUN_TIMEOUT_S, what=what)]
+        outs = [job([sys.executable, "-m", "commprof", "profile", "--backend", backend, "--nproc", str(n), "--", *args],
+                    env=env, timeout_s=timeout_s, what=what)]
     else:
-        outs = ranks([sys.executable, *args], 2, env=env, timeout_s=RUN_TIMEOUT_S, what=what)
+        outs = ranks([sys.executable, *args], n, env=env, timeout_s=timeout_s, what=what)
     got = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith('{"workload"')]
     return {x["workload"]: x["step_ms"] for x in got}
 
@@ -210,7 +240,8 @@ def compare(workload: str, args: argparse.Namespace) -> dict:
     """The workload's arms, interleaved over --rounds, one job each: its row, printed as a line too."""
     rounds = []
     for r in range(args.rounds):
-        got = {arm: run(arm, [workload], args.steps, args.warmup, args.model)[workload] for arm in ORDERS[r % 6]}
+        got = {arm: run(arm, [workload], args.steps, args.warmup, args.model, args.device, args.backend)[workload]
+               for arm in ORDERS[r % 6]}
         rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in ARMS[1:]}})
     row = {"workload": workload, "rounds": rounds,
            "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in ARMS},
@@ -230,17 +261,22 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first, of --steps (default 5)")
     p.add_argument("--model", choices=("resnet18", "small"), default="resnet18", help="ddp's model")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the tensors live (default cpu)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="default gloo; nccl needs --device cuda and runs a rank per GPU, at most 2")
     args = parse(p, QUICK)
     if args.script:
-        script(args.script.split(","), args.steps, args.warmup, args.model)
+        script(args.script.split(","), args.steps, args.warmup, args.model, args.device, args.backend)
         return
     workloads = args.workloads.split(",")
     if unknown := set(workloads) - set(WORKLOADS):
         p.error(f"--workloads: no workload {', '.join(sorted(unknown))} (choose from {', '.join(WORKLOADS)})")
     if args.rounds < 1 or not 0 <= args.warmup < args.steps:
         p.error("--rounds must be at least 1, and --steps more than --warmup")
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl needs --device cuda")
     if args.quick:
-        got = run("profiled", workloads, args.steps, args.warmup, args.model)
+        got = run("profiled", workloads, args.steps, args.warmup, args.model, args.device, args.backend)
         rows = [{"workload": w, "ms": {"profiled": got[w]}} for w in workloads]
         for w in workloads:
             print(f"{w}: profiled {got[w]:.1f} ms", flush=True)
@@ -248,7 +284,8 @@ def main() -> None:
         rows = [compare(w, args) for w in workloads]
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "target": TARGET, "steps": args.steps,
-                                               "warmup": args.warmup, "model": args.model}, indent=1) + "\n")
+                                               "warmup": args.warmup, "model": args.model, "device": args.device,
+                                               "backend": args.backend}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ PROMISES: dict[str, list[tuple]] = {
                  ("rows", 2, "bound_ms"), ("rows", 3, "without_over_neighbours"),
                  ("rows", 3, "balanced_over_neighbours")],
     "flight_overhead": [(0, "extra_us"), (0, "extra_ci95_us")],
+    "gpu_checks": [("steps", "straggler")],
     "gpu_truth": [("timing", 0, "rows", 0, "ratio"), ("timing", 0, "wall_ratio", "ratio"), ("split", 0, "error"),
                   ("run", "plain", "wait_per_step", "ratio")],
     "gloo_layers": [("torch_us",), ("arms", "comm", "minus_torch_us"), ("arms", "comm", "minus_torch_ci95_us")],

@@ -321,15 +321,16 @@ def tc_bits(rate: str) -> int:
     return int(float(rate.removesuffix("mbit")) * 1e6)
 
 
-@pytest.mark.parametrize("args, words", [
+@pytest.mark.parametrize("args, words", [  # {NAME} stands for this process's fabric (ids the same in every worker)
     (("up", "0"), "up 0: give 1 to 200 hosts"),
     (("up", "2", "--rate", "fast"), "--rate 'fast': give tc units"),
-    (("exec", f"{NAME}-h9", "--", "true"), f"no host '{NAME}-h9'"),
-    (("exec", HOSTS[0]), "give a command"),
-    (("rate", f"{NAME}-h9", "25mbit"), f"no host '{NAME}-h9'"),
-    (("rate", HOSTS[0], "slow"), "--rate 'slow': give tc units"),
+    (("exec", "{NAME}-h9", "--", "true"), "no host '{NAME}-h9'"),
+    (("exec", "{NAME}-h0"), "give a command"),
+    (("rate", "{NAME}-h9", "25mbit"), "no host '{NAME}-h9'"),
+    (("rate", "{NAME}-h0", "slow"), "--rate 'slow': give tc units"),
 ])
 def test_bad_input_is_one_line_exit_2(hosts, args, words):
+    args, words = [a.replace("{NAME}", NAME) for a in args], words.replace("{NAME}", NAME)
     proc = fabric(*args, check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("fabric: error: ") and words in proc.stderr, proc.stderr

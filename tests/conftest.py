@@ -39,9 +39,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+TERMINAL = ("COLUMNS", "LINES")
+"""Set to 80 and 24 in pytest-xdist's workers, whatever the run had: the jobs' tables would then be drawn at 80
+columns instead of as commprof draws them off a terminal. Each worker takes the first process's back."""
+
+
 def pytest_configure(config):
-    """The run's id for every process its tests start, xdist's workers' included: they inherit it."""
+    """The run's id for every process its tests start, xdist's workers' included: they inherit it, and the
+    first process's terminal size."""
     os.environ.setdefault(RUN_ENV, str(os.getpid()))
+    for name in TERMINAL:
+        kept = f"COMMPROF_TEST_{name}"
+        if not hasattr(config, "workerinput"):
+            os.environ.setdefault(kept, os.environ.get(name, ""))
+        elif os.environ.get(kept):
+            os.environ[name] = os.environ[kept]
+        else:
+            os.environ.pop(name, None)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -128,8 +128,10 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     assert sorted({x.op.nbytes for x in a.aligned}) == sorted({x.op.nbytes for x in a.arrivals}), a.aligned
     assert statistics.median(x.spread_ms for x in a.aligned) < DELAY_MS / 4, a.aligned
     assert statistics.median(x.spread_ms for x in a.arrivals) > DELAY_MS / 2, a.arrivals
-    top = doc["findings"]["items"][0]
-    assert (top["kind"], top.get("rank")) == ("straggler", 1), doc["findings"]
+    # the straggler, wherever it ranks: on a loaded machine the exposed transfer of the 0.5 MiB bucket was seen
+    # to cost more a step than the delay (so listed first), the arrivals still DELAY_MS apart (above)
+    (top,) = [f for f in doc["findings"]["items"] if f["kind"] == "straggler"] or [doc["findings"]]
+    assert top.get("rank") == 1, doc["findings"]
     # the aligned ops are what price the late ones (the measured ones, all late, price none); how many met
     # within a quarter of their transfer depends on the machine: a busy loop beside it left none in 1 of 3 runs
     priced = top["evidence"]["late_ops_priced_aligned"]

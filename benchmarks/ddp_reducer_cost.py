@@ -3,7 +3,7 @@ processes step by step: ResNet-18 (torchvision, CIFAR-10-sized synthetic batches
 2 gloo ranks, four DDPs over four copies of the same model, taking turns step by step:
 
   plain      DDP as PyTorch builds it: the reducer's buckets in C++, unseen;
-  routed     DDP built while commprof/comm/ddp_reducer.py is installed (what `commprof profile` and
+  routed     DDP built while commprof/intercept/ddp_reducer.py is installed (what `commprof profile` and
              `run --strategy torch-ddp` do): the reducer's all-reduces through Comm, DDP's arithmetic;
   hook       DDP with a comm hook that divides each bucket and all-reduces it through Comm — how commprof
              routed the buckets before, and what a Python comm hook costs any script on CPU;
@@ -58,7 +58,7 @@ def worker(turns: int, warmup: int, model_name: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from commprof.comm import ddp_reducer, interpose
+    from commprof.intercept import ddp_reducer, interpose
     from commprof.record import hooks
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder

@@ -57,7 +57,7 @@ def measure(turns: int) -> dict:
     from torch.distributed import distributed_c10d as c10d
 
     from commprof.backends import free_port
-    from commprof.comm import interpose
+    from commprof.intercept import interpose
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder
 

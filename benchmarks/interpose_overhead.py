@@ -51,8 +51,8 @@ def worker(rounds: int, iters: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from commprof.comm import interpose
     from commprof.comm.torch_own import c10d  # torch's own functions, whatever install() rebinds
+    from commprof.intercept import interpose
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder
 
@@ -115,8 +115,8 @@ def turns(path_ns: float, count: int) -> dict[str, list[float]]:
     import torch
     import torch.distributed as dist
 
-    from commprof.comm import interpose
     from commprof.comm.torch_own import c10d  # torch's own functions, whatever install() rebinds
+    from commprof.intercept import interpose
 
     t, now = torch.zeros(2), time.perf_counter_ns
 

@@ -1,4 +1,4 @@
-"""What the backend `commprof profile` puts in front of every gloo group (commprof/comm/seen.py) costs an
+"""What the backend `commprof profile` puts in front of every gloo group (commprof/intercept/seen.py) costs an
 interposed op, and why a group's Comm calls gloo itself rather than the group.
 
 One gloo rank, interposed as `profile` interposes a script; three groups of that rank, each with its
@@ -37,8 +37,8 @@ def worker(turns: int, iters: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from commprof.comm import interpose, seen
     from commprof.comm.gloo_comm import GLOO_BEHIND
+    from commprof.intercept import interpose, seen
 
     interposer = interpose.install()
     dist.init_process_group("gloo")

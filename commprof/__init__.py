@@ -18,6 +18,9 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   record/                                  clocks, the op log, phases (aligned ones too), volume, NVTX,
                                            traces
   comm/                                    the only door to the network, and how a job fails
+  intercept/                               what commprof puts into a profiled script's process, as one:
+                                           its groups' backends, DDP's reducer, functional collectives,
+                                           torch.distributed's names, opaque to torch.compile
   data/, models/                           what is trained
   parallel/                                grids, partitions, flat buffers, precision, schedules
   strategies/, kernels/                    training strategies and collective algorithms, on Comm

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm import interpose, torch_own
+from commprof.comm import torch_own
+from commprof.intercept import interpose
 from commprof.record.recorder import GROUP, NAME, NBYTES
 
 N = 1024  # float32 elements per rank

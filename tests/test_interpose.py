@@ -1,4 +1,4 @@
-"""Interposition (commprof/comm/interpose.py): an unchanged torch.distributed script's collectives go
+"""Interposition (commprof/intercept/interpose.py): an unchanged torch.distributed script's collectives go
 through Comm — results as torch's, and every call in the op log with its bytes and group — on 2 and 3 real
 gloo ranks (tests/interpose_worker.py): called by `torch.distributed`'s names, by distributed_c10d's, and
 through torch's object collectives; what Comm has no form for is counted as unseen, once."""
@@ -28,7 +28,7 @@ def test_a_plain_script_is_seen_call_by_call(nproc):
 
 CHAINED = """\
 import sys, time, torch, torch.distributed as dist
-from commprof.comm import interpose
+from commprof.intercept import interpose
 
 
 def main():

@@ -13,7 +13,7 @@ import torch
 from invariants import check_run
 from spawn import commprof, env_for_tests, spawn
 
-from commprof.comm import seen
+from commprof.intercept import seen
 
 SCRIPTS = Path(__file__).with_name("scripts")
 

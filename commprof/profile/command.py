@@ -8,8 +8,8 @@ group, tables, JSON, Chrome trace and NVTX.
 
 The script runs as `python train.py` would (its own arguments, output and exit code; `__main__`), and
 initialises its process group itself (`init_process_group()` with env:// works under every launcher:
-commprof fills in the rendezvous). What is seen and what is not: commprof/comm/interpose.py and
-commprof/comm/ddp_reducer.py; how iterations and phases are found: commprof/record/hooks.py.
+commprof fills in the rendezvous). What is seen and what is not: commprof/intercept/interpose.py and
+commprof/intercept/ddp_reducer.py; how iterations and phases are found: commprof/record/hooks.py.
 Exercised by: `pytest tests/test_profile_cli.py`.
 """
 
@@ -58,7 +58,7 @@ class ProfileConfig:
     ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     ddp_reducer: bool = True
     """Route DistributedDataParallel's reducer (its bucket all-reduces) through Comm, by the process group
-    it is given (comm/ddp_reducer.py); False leaves them unseen in C++."""
+    it is given (intercept/ddp_reducer.py); False leaves them unseen in C++."""
     out: Outputs = field(default_factory=Outputs)
     """--json, --trace and the command line."""
     link: Fabric | None = None

@@ -28,14 +28,15 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import deadline, job
 from commprof.backends import slots
-from commprof.comm import ddp_reducer, functional, interpose, join, rendezvous_address, seen
+from commprof.comm import join, rendezvous_address
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
 from commprof.comm.watchdog import Watchdog
 from commprof.errors import CommprofError, ScriptError, UsageError
+from commprof.intercept import Interception
 from commprof.profile import ending
-from commprof.record import hooks, trace, trace_folder
+from commprof.record import trace, trace_folder
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
@@ -75,53 +76,62 @@ class Session:
     def __init__(self, cfg, world: World, fault: Injector | None = None) -> None:
         self.cfg, self.world, self.fault = cfg, world, fault
         self.recorder = OpRecorder(CpuClock())
-        """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_init)."""
-        self.interposer = interpose.install(self.recorder)
-        self.interposer.fault = fault
+        """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_adopt)."""
         self.watchdog: Watchdog | None = None
-        if cfg.ddp_reducer:
-            ddp_reducer.install(self.interposer)
-        functional.install(self.interposer)
-        seen.install(self.interposer)
-        self.tracker = hooks.install(self.recorder, cfg.warmup)
-        self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
         self.tracer = None
         self.folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=True)
         """Where this rank traces (--trace's folder, or a private one for the findings)."""
-        self._saved = (dist.init_process_group, dist.destroy_process_group)
-        dist.init_process_group = self._init
-        dist.destroy_process_group = self._destroy
+        self._timeout_s = cfg.timeout_s
+        """The script's process group's timeout: its own where it gave one to init_process_group."""
+        self.caught = Interception(self.recorder, warmup=cfg.warmup, route_ddp=cfg.ddp_reducer,
+                                   on_default_group=self._adopt).__enter__()
+        self.interposer, self.tracker = self.caught.interposer, self.caught.tracker
+        self.interposer.fault = fault
+        self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
+        self._saved = (dist.init_process_group, dist.destroy_process_group, c10d.init_process_group,
+                       c10d.destroy_process_group)
+        # both names: a library may call distributed_c10d's (one that imported it earlier holds torch's own, and
+        # its group is adopted all the same: intercept/groups.py)
+        dist.init_process_group = c10d.init_process_group = self._init
+        dist.destroy_process_group = c10d.destroy_process_group = self._destroy
 
     # ---- the script's process group ---------------------------------------------------------
     def _init(self, backend=None, init_method=None, timeout=None, *args, **kwargs):
+        """The script's init_process_group by torch.distributed's names: commprof's defaults (the job's backend,
+        --timeout, a store bound to the job's address) and a deadline on the rendezvous."""
         if backend is None and self.cfg.backend != "mpi":
             backend = self.cfg.backend
         if timeout is None:
             timeout = timedelta(seconds=self.cfg.timeout_s)
-        timeout_s = timeout.total_seconds()
+        self._timeout_s = timeout.total_seconds()
         if self.fault is not None:
             self.fault.start("init")
-        with deadline.guard("the rendezvous", timeout_s=timeout_s, rank=self.world.rank):
+        with deadline.guard("the rendezvous", timeout_s=self._timeout_s, rank=self.world.rank):
             if init_method in (None, "env://") and not args and "store" not in kwargs and self._own_store():
                 # rank 0's store bound to the job's address, not every interface (comm/store.py)
                 kwargs.update(store=open_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                                rank=self.world.rank, world_size=self.world.world_size,
-                                               timeout_s=timeout_s),
+                                               timeout_s=self._timeout_s),
                               rank=self.world.rank, world_size=self.world.world_size)
                 init_method = None
-            c10d.init_process_group(backend, init_method, timeout, *args, **kwargs)
+            self._saved[2](backend, init_method, timeout, *args, **kwargs)
+
+    def _adopt(self, pg) -> None:
+        """The script's default group exists, however it was made: watch it, trace it."""
+        if self.initialised:
+            return
         self.initialised = True
-        if "nccl" in str(c10d.get_backend()) and not self.tracker.open and not self.recorder.ops:
+        if "nccl" in str(c10d.get_backend(pg)) and not self.tracker.open and not self.recorder.ops:
             # NCCL's ops are queued on streams: they and the script's phases are timed by CUDA events
             self.recorder.clock = CudaClock()
             self.tracker.phases.use(self.recorder.clock)
         world = self.interposer.comm(None)
-        world.timeout_s = timeout_s
+        world.timeout_s = self._timeout_s
         world.control = _control_plane(world)
-        self.watchdog = Watchdog(world, timeout_s=timeout_s, rank=self.world.rank,
+        self.watchdog = Watchdog(world, timeout_s=self._timeout_s, rank=self.world.rank,
                                  dump_dir=self.cfg.out.dump_folder())
         self.watchdog.on_failure(self._salvage)
         self.watchdog.on_failure(lambda code, message: self.folder.discard())
@@ -138,7 +148,7 @@ class Session:
     def _destroy(self, group=None):
         if group is None and self.gathered is None and c10d.is_initialized():
             self.gather()
-        c10d.destroy_process_group(group)
+        self._saved[3](group)
 
     # ---- the run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -291,12 +301,9 @@ class Session:
 
     def close(self) -> None:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""
-        hooks.uninstall()
-        ddp_reducer.uninstall()
-        functional.uninstall()
-        seen.uninstall()
-        dist.init_process_group, dist.destroy_process_group = self._saved
-        interpose.uninstall()
+        self.caught.__exit__(None, None, None)
+        dist.init_process_group, dist.destroy_process_group, c10d.init_process_group, \
+            c10d.destroy_process_group = self._saved
         self.folder.discard()
 
 

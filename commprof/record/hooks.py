@@ -29,6 +29,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+from torch.compiler import is_compiling
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim
 
@@ -179,8 +180,10 @@ class Tracker:
             hit = self._modules[module] = next(module.parameters(), None) is not None
         return hit
 
+    # Each hook returns at once while torch.compile traces it (is_compiling() is True then, only then): a
+    # compiled graph holds none of commprof's state, and the module torch.compile wraps is timed eagerly around it
     def _forward_pre(self, module, args) -> None:
-        if self._depth == 0 and not self._trains(module):
+        if is_compiling() or (self._depth == 0 and not self._trains(module)):
             return
         self._depth += 1
         if self._depth == 1 and not self.explicit:
@@ -190,19 +193,23 @@ class Tracker:
             self.open_phase("recompute" if self._backward else "forward")
 
     def _forward_post(self, module, args, output) -> None:
-        if self._depth == 0:
+        if self._depth == 0 or is_compiling():
             return
         self._depth -= 1
         if self._depth == 0 and not self.explicit and self._stack:
             self.close_phase()
 
     def _step_pre(self, optimizer, args, kwargs) -> None:
+        if is_compiling():
+            return
         if self._optimizer is None:
             self._optimizer = optimizer
         if not self.explicit:
             self.open_phase("step")
 
     def _step_post(self, optimizer, args, kwargs) -> None:
+        if is_compiling():
+            return
         if not self.explicit and self._stack:
             self.close_phase()
         if optimizer is self._optimizer and not self.manual:

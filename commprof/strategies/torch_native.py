@@ -4,9 +4,9 @@ through the same interposition `commprof profile` uses, beside the strategies wr
     commprof run --strategy torch-ddp,ddp --model resnet18 --nproc 2
     commprof run --strategy torch-fsdp,fsdp --model gpt2-tiny --nproc 2
 
-The run's world Comm becomes the default group's Comm of commprof/comm/interpose.py, so every collective
+The run's world Comm becomes the default group's Comm of commprof/intercept/interpose.py, so every collective
 torch's code makes through `torch.distributed` — FSDP2's all-gathers and reduce-scatters, DDP's buffer
-broadcasts, and DDP's buckets through its reducer's own process group (commprof/comm/ddp_reducer.py) —
+broadcasts, and DDP's buckets through its reducer's own process group (commprof/intercept/ddp_reducer.py) —
 lands in the same op log, timed, counted and NVTX-wrapped. DDP's reducer waits for its buckets at the end
 of backward, in C++: the backward phase ends where autograd did and the rest is exposed comm
 (record/hooks.py, split_backward).
@@ -30,7 +30,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from commprof.comm import ddp_reducer, interpose
+from commprof.intercept import ddp_reducer, interpose
 from commprof.parallel.sizes import tensor_bytes
 from commprof.record.hooks import split_backward
 from commprof.strategies.base import Strategy, trainable

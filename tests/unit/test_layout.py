@@ -16,6 +16,7 @@ LAYERS = (
     ("report",),
     ("record",),
     ("comm",),
+    ("intercept",),
     ("data", "models"),
     ("parallel",),
     ("strategies", "kernels"),

@@ -22,11 +22,14 @@ Exercised by: `pytest tests/test_profile_cli.py -k "functional or compiled or na
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.comm.interpose import Work, one_dtype
 from commprof.comm.torch_own import own
+from commprof.intercept.interpose import Work, one_dtype
+from commprof.intercept.opaque import opaque
 
 _REDUCE = {"sum": "sum", "avg": "avg", "product": "prod", "min": "min", "max": "max"}
 """Functional reduce-op names → Comm's."""
@@ -73,11 +76,11 @@ class _Kernels:
     def _torch(self, name: str, *args, **kwargs):
         """torch's own kernel for op `name`, counted as unseen."""
         self._interposer.unseen[f"functional {name}"] += 1
-        with own():  # counted here: the group's backend (comm/seen.py) must not count it again
+        with own():  # counted here: the group's backend (intercept/seen.py) must not count it again
             return getattr(torch.ops._c10d_functional, name).default.redispatch(_TORCH, *args, **kwargs)
 
     def counted(self, name: str):
-        return lambda *args, **kwargs: self._torch(name, *args, **kwargs)
+        return partial(self._torch, name)
 
     @staticmethod
     def _pending(out, handle, after=None):
@@ -187,3 +190,6 @@ class _Kernels:
                 out.copy_(piece.view(out.shape))
 
         return self._pending(outs, handle, unflatten)
+
+
+opaque(_Kernels)

@@ -6,10 +6,11 @@ check, which its C++ code would otherwise send where nothing sees them.
                                       # Comm of its process group
 
 DDP's C++ reducer is handed a process group of its own whose backend is `Routed`: the reducer's
-all-reduces (each bucket's, and the unused-parameter bitmap of `find_unused_parameters`) go through the Comm
-of DDP's process group, timed, counted and NVTX-wrapped; whatever else it asks goes straight to the group's
-own backend: the bucket order it broadcasts from rank 0 once, at the second step's forward (two int32 tensors,
-a few hundred bytes), stays unseen, so that a step's volume is the steady state's. DDP keeps its own
+all-reduces (each bucket's, and the unused-parameter bitmap of `find_unused_parameters`) and the bucket order
+it broadcasts from rank 0 once, at the second step's forward (two int32 tensors, a few hundred bytes: in the
+warm-up, or in that iteration's volume where there is none), go through the Comm of DDP's process group,
+timed, counted and NVTX-wrapped; whatever else it asks goes to the group's own backend, counted in `unseen`
+("ddp <op>"). DDP keeps its own
 arithmetic and schedule: with no comm hook, the reducer still divides each gradient by the world size while
 copying it into its bucket (a comm hook gets the bucket undivided and must make one more pass over it: 3 %
 of a ResNet-18 step on 2 CPU ranks) and starts each bucket's all-reduce from its autograd hook as before. A
@@ -25,40 +26,50 @@ Exercised by: `pytest tests/test_profile_cli.py -k ddp`.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend, Work
 
 from commprof.comm.torch_own import own
+from commprof.intercept.opaque import opaque
 
 _SAVED: dict = {}
 
 
 class _Routing:
-    """What DDP's reducer is handed instead of its group: SUM all-reduces of one contiguous tensor through
-    `comm` (what the reducer asks for), anything else to the group's own backend as it was asked."""
+    """What DDP's reducer is handed instead of its group: SUM all-reduces and broadcasts of one contiguous
+    tensor (what the reducer asks for: its buckets, the unused-parameter bitmap, the bucket order it
+    broadcasts from rank 0 at the second forward) through `comm`; anything else to the group's own backend as
+    it was asked, counted in `unseen`."""
 
-    def __init__(self, comm, group) -> None:
+    def __init__(self, comm, group, unseen) -> None:
         super().__init__(group.rank(), group.size())
-        self._comm, self._group = comm, group
+        self._comm, self._group, self._unseen = comm, group, unseen
 
     def allreduce(self, tensors, opts):
         if len(tensors) == 1 and opts.reduceOp == dist.ReduceOp.SUM and tensors[0].is_contiguous():
             return Logged(self._comm.all_reduce(tensors[0], async_op=True))
-        with own():  # torch's, as it was asked: the group's backend (comm/seen.py) lets it pass unseen
-            return self._group.allreduce(tensors, opts)
+        return self._torch("allreduce", tensors, opts)
 
     def broadcast(self, tensors, opts):
-        with own():
-            return self._group.broadcast(tensors, opts)
+        if len(tensors) == 1 and opts.rootTensor == 0 and tensors[0].is_contiguous():
+            return Logged(self._comm.broadcast(tensors[0], src=opts.rootRank, async_op=True))
+        return self._torch("broadcast", tensors, opts)
 
     def allgather(self, outputs, inputs, opts):
-        with own():
-            return self._group.allgather(outputs, inputs, opts)
+        return self._torch("allgather", outputs, inputs, opts)
 
     def barrier(self, opts):
+        return self._torch("barrier", opts)
+
+    def _torch(self, name: str, *args):
+        """The group's own op, as it was asked: counted here, and the group's backend (intercept/seen.py) lets
+        it pass."""
+        self._unseen[f"ddp {name}"] += 1
         with own():
-            return self._group.barrier(opts)
+            return getattr(self._group, name)(*args)
 
     def getBackendName(self) -> str:
         return self._group.name()
@@ -82,17 +93,7 @@ class Logged(Work):
 
     def __init__(self, handle) -> None:
         super().__init__()
-        comm, cuda = handle._comm, handle._comm.clock.kind == "cuda"
-
-        def logged(done):
-            try:
-                if cuda:
-                    handle.complete_on_stream()
-                return done.value()
-            except Exception as exc:  # named as every Comm failure is; the reducer re-raises it as its own
-                raise comm.failure(handle._name, exc) from exc
-
-        self._future = handle.get_future().then(logged)
+        self._future = handle.get_future().then(partial(_logged, handle))
 
     def get_future(self):
         return self._future
@@ -102,13 +103,29 @@ class Logged(Work):
         return True
 
 
-def routed_group(comm, group) -> tuple[dist.ProcessGroup, Routed]:
+@opaque
+def _logged(handle, done):
+    """The reducer's future's value, once Comm has logged the op (on CUDA: complete on the reducer's stream)."""
+    try:
+        if handle._comm.clock.kind == "cuda":
+            handle.complete_on_stream()
+        return done.value()
+    except Exception as exc:  # named as every Comm failure is; the reducer re-raises it as its own
+        raise handle._comm.failure(handle._name, exc) from exc
+
+
+opaque(Routed)
+opaque(RoutedGroup)
+opaque(Logged)
+
+
+def routed_group(comm, group, unseen) -> tuple[dist.ProcessGroup, Routed]:
     """A process group of `group`'s rank and size whose backend, on every device type `group` has, is
     Routed; and that backend, which its holder keeps alive (C++ holds it, but its methods are Python's)."""
     try:
-        backend = Routed(comm, group)
+        backend = Routed(comm, group, unseen)
     except TypeError:  # "No constructor defined": torch 2.11 or earlier
-        routed = RoutedGroup(comm, group)
+        routed = RoutedGroup(comm, group, unseen)
         for device_type in group._device_types:  # what DDP's logger looks up; the collectives stay routed's
             device = torch.device(device_type)
             real = group._get_backend(device)
@@ -133,7 +150,8 @@ def install(interposer) -> None:
 
     class Reducer(_SAVED["reducer"]):
         def __init__(self, params, buckets, limits, process_group, *rest, **kwargs):
-            self._commprof_routed = routed_group(interposer.comm(process_group), process_group)
+            self._commprof_routed = routed_group(interposer.comm(process_group), process_group,
+                                                   interposer.unseen)
             super().__init__(params, buckets, limits, self._commprof_routed[0], *rest, **kwargs)
 
     def broadcast_coalesced(process_group, tensors, buffer_size, src=0):

@@ -31,7 +31,8 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm import torch_own
 from commprof.comm.gloo_comm import GLOO_BEHIND
-from commprof.comm.interpose import _OPS, Work
+from commprof.intercept.interpose import _OPS, Work
+from commprof.intercept.opaque import opaque
 
 try:
     from torch._C._distributed_c10d import Backend
@@ -89,8 +90,13 @@ def see(interposer, group) -> None:
     seen = Seen(interposer, group, real)
     _KEPT.append(seen)  # the group with it: an id in GLOO_BEHIND is never another group's
     GLOO_BEHIND[id(group)] = real
+    name, desc = group.group_name, group.group_desc
     # registered as CUSTOM for the CPU, the group's default stays gloo: its name and its barrier are gloo's
     group._register_backend(cpu, dist.ProcessGroup.BackendType.CUSTOM, seen)
+    # the group's name is read from one of its backends (which one, torch's map decides): each backend carries it,
+    # Seen too, or DeviceMesh and compiled code cannot resolve the group by name
+    group._set_group_name(name)
+    group._set_group_desc(desc)
 
 
 class _Seen:
@@ -201,4 +207,5 @@ for _name in FORWARDED:
 for _name in PROPERTIES:
     setattr(_Seen, _name, _property(_name))
 
-Seen = type("Seen", (_Seen, Backend), {"__doc__": "A group's CPU backend: gloo's, seen."}) if Backend else _Seen
+Seen = opaque(type("Seen", (_Seen, Backend), {"__doc__": "A group's CPU backend: gloo's, seen."}) if Backend
+              else _Seen)

@@ -26,10 +26,10 @@ name): what Comm has no form for (a PREMUL_SUM reduction, unequal all_to_all spl
 tensor that is not contiguous, recv from any source, a batch of more than one p2p op on NCCL — NCCL needs
 them in one group call, an async or mixed-dtype coalesced call), and gather, scatter and monitored_barrier,
 which Comm has no form for at all.
-Functional collectives are not these functions' to see: comm/functional.py routes them. What no wrapper
+Functional collectives are not these functions' to see: intercept/functional.py routes them. What no wrapper
 sees — calls made from C++, a group's own methods, isend, irecv and batch_isend_irecv by `distributed_c10d`'s
 name (torch compares a P2POp's op with that module's own by identity, so those stay torch's there) — reaches
-the group's gloo backend, where comm/seen.py sees it.
+the group's gloo backend, where intercept/seen.py sees it.
 
 Exercised by: `pytest tests/test_interpose.py`.
 """
@@ -46,6 +46,7 @@ from torch.distributed import distributed_c10d as c10d
 from commprof.comm import torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
+from commprof.intercept.opaque import opaque
 from commprof.record import aligned
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.recorder import OpRecorder
@@ -103,6 +104,9 @@ class Work(c10d.Work):
                 return done
             raise RuntimeError("this backend's work has no future")
         return self._handle.logged(self._future)  # on CPU, what chains on it runs once the op is in the log
+
+
+opaque(Work)  # waited on from C++ (torch's wait_tensor) while compiled code runs
 
 
 class Interposer:

@@ -1,0 +1,71 @@
+"""The interception layer: everything commprof puts into a profiled script's process, installed and removed
+as one, so that every op the script's process groups carry is timed, counted and NVTX-wrapped by Comm, or
+listed in `unseen` by name.
+
+    with Interception(recorder, warmup=2, on_default_group=adopt) as caught:
+        runpy.run_path(script)          # the script, unchanged
+    caught.interposer.unseen            # what ran as torch's own, by name
+    caught.tracker.iterations           # its iterations and phases
+
+Mechanism (lowest first)          what it catches                                             file
+the group's CPU backend           every op reaching a gloo group however it was made (C++,    seen.py
+                                  `pg.allreduce`, DeviceMesh, new_group): through its Comm
+the groups torch makes            the default group, however made (init_process_group by      groups.py
+                                  any name, DeviceMesh's own): `on_default_group`
+DDP's reducer group               bucket all-reduces, as async ops the reducer waits on       ddp_reducer.py
+functional-collective kernels     DTensor, TP, FSDP2's clip and compiled graphs' collectives  functional.py
+torch.distributed's names         the Python call: its async Work, its name, forms gloo sends  interpose.py
+                                  as one op (coalesced, object collectives' pieces)
+module/optimizer/autograd hooks   iterations and phases (not comm)                            record/hooks.py
+
+Why the Python wrappers stay above the backend: a backend sees a call's tensors and options but not its
+Python name (`all_gather_object`'s two all_gathers), not its async Work as the script waits on it (the wait
+is the exposed time), and not a reducer's bucket as a bucket; each wrapper's module says what it adds.
+Every callable of commprof's that C++ or compiled code can reach is opaque to torch.compile (opaque.py).
+
+Exercised by: `pytest tests/test_profile_compiled.py tests/test_profile_cli.py`.
+"""
+
+from __future__ import annotations
+
+from commprof.intercept import ddp_reducer, functional, groups, interpose, seen
+from commprof.record import hooks
+
+
+class Interception:
+    """The script's process, intercepted: a context manager that installs every mechanism on entry and
+    removes every one on exit, whatever failed."""
+
+    def __init__(self, recorder, *, warmup: int, route_ddp: bool = True, on_default_group=None) -> None:
+        self.recorder = recorder
+        """The op log and clock every group's Comm shares."""
+        self.warmup = warmup
+        """Iterations before the measured ones (the tracker's)."""
+        self.route_ddp = route_ddp
+        """Route DDP's reducer through Comm (`--no-ddp-reducer` turns it off: buckets then reach the backend)."""
+        self.on_default_group = on_default_group
+        """Called with the default process group once torch has made it, however the script made it."""
+        self.interposer: interpose.Interposer | None = None
+        self.tracker: hooks.Tracker | None = None
+
+    def __enter__(self) -> Interception:
+        try:
+            self.interposer = interpose.install(self.recorder)
+            if self.route_ddp:
+                ddp_reducer.install(self.interposer)
+            functional.install(self.interposer)
+            seen.install(self.interposer)
+            groups.install(self.on_default_group)
+            self.tracker = hooks.install(self.recorder, self.warmup)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        hooks.uninstall()
+        groups.uninstall()
+        seen.uninstall()
+        functional.uninstall()
+        ddp_reducer.uninstall()
+        interpose.uninstall()

@@ -132,10 +132,14 @@ def test_native_training_is_seen_and_unchanged(tmp_path, script, extra):
         assert doc["summary"]["exposed_comm_ms"] > 0  # the reducer's wait at the end of backward
         # outside: DDP's constructor checks the model (an all_gather of parameter counts, a broadcast of rank
         # 0's sizes and strides: an int64 each), broadcasts every parameter and buffer from rank 0 (the float32
-        # ones in one flat broadcast, num_batches_tracked in another), then each warm-up step's like any step's
+        # ones in one flat broadcast, num_batches_tracked in another), then each warm-up step's like any step's;
+        # at the second forward the reducer broadcasts its bucket order from rank 0 (not with
+        # find_unused_parameters, which keeps its buckets): an int32 per parameter and one more, one per bucket
         shapes = 8 * sum(2 * v.dim() for v in tensors)
+        order = (0, 0) if "--find-unused" in extra else (2, 4 * (len(tensors) + 1 + 1))
         assert outside(doc) == {"all_gather": (1, 2 * 8), "all_reduce": (warm * reduced[0], warm * reduced[1]),
-                           "broadcast": (1 + 2 + 2 * warm, shapes + params + buffers + warm * buffers)}
+                           "broadcast": (1 + 2 + 2 * warm + order[0],
+                                         shapes + params + buffers + warm * buffers + order[1])}
         assert doc["unseen"] == {}
     else:  # FSDP2: each unit gathered for forward and again for backward, its gradients reduce-scattered
         assert volume(doc) == {"all_gather": (6, 2 * params), "reduce_scatter": (3, params)}
@@ -214,9 +218,10 @@ dist.destroy_process_group()
 def test_ddp_of_scalar_parameters_checks_the_model_as_torch_does(tmp_path):
     # every parameter a scalar: DDP's model check still broadcasts rank 0's (empty) sizes and strides, as
     # torch's C++ does, so a rank whose model differs fails there on every rank; then one flat broadcast of
-    # the parameters and an all_reduce of the 4-byte gradient a step
+    # the parameters and an all_reduce of the 4-byte gradient a step; at the second forward the reducer's bucket
+    # order (an int32 per parameter and one more, one per bucket: 4 + 8 bytes)
     doc, proc = profiled(tmp_path, SCALAR_DDP, 2)
-    assert outside(doc) == {"all_gather": (1, 2 * 8), "broadcast": (2, 0 + 4), "all_reduce": (4, 4 * 4)}
+    assert outside(doc) == {"all_gather": (1, 2 * 8), "broadcast": (2 + 2, 0 + 4 + 12), "all_reduce": (4, 4 * 4)}
     assert volume(doc) == {"all_reduce": (1, 4)}
     # the gradient (3 + 6) / 2 = 4.5 a step, the same on both ranks
     finals = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("a ")]

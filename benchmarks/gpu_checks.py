@@ -11,6 +11,11 @@ it found into OUT/gpu-session.json (a step that fails records its error; the oth
              they give it against the delay injected (and against the delay as the device ran it)
   cost       what `commprof profile` costs DDP and FSDP2 on CUDA tensors (benchmarks/profile_cost.py's jobs:
              plain, plain again, profiled, interleaved): per-round ratios and the A/A ratio
+  idioms     tests/scripts/modern_train.py's compiled modes on CUDA (NCCL, one rank): plain and profiled,
+             the losses to the bit and what profile counted and left unseen
+  nsys       `nsys profile --trace=cuda,nvtx` of a `commprof run` (DDP, 2 gloo ranks on CUDA tensors), with
+             the CLI carried as .nsys-target/nsys-target.tar.xz (tools/pack_nsys_target.sh): the raw
+             report (.qdstrm, xz) comes back as OUT/nsys-run.qdstrm.xz, imported where nsys's host part is
 
     OUT=out python3 benchmarks/gpu_checks.py tests --budget 150     # one step; benchmarks/gpu_session.sh runs all
     OUT=out python3 benchmarks/gpu_checks.py hta --device cpu       # the same steps on CPU tensors, no CUDA
@@ -39,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 RESULTS = "gpu-session.json"
-STEPS = ("tests", "truth", "hta", "straggler", "cost")
+STEPS = ("tests", "truth", "hta", "straggler", "cost", "idioms", "nsys")
 DELAY_MS = 20.0
 """The straggler's injected delay, as tests/test_findings.py injects it on CPU."""
 TOLERANCE = 0.15
@@ -547,6 +552,74 @@ def step_straggler(args, out: Path, budget: Budget) -> None:
                     "within_15pct_beside_control": (abs(cost - DELAY_MS) <= TOLERANCE * DELAY_MS + abs(besides)
                                                     if besides is not None else None)}
         record(out, "straggler", **{label: entry})
+
+
+# ---- step: today's idioms on CUDA ---------------------------------------------------------------------------
+IDIOMS = ("compile_ddp", "compiled_autograd", "compile_fsdp", "ddp_static")
+
+
+def step_idioms(args, out: Path, budget: Budget) -> None:
+    """Each compiled mode of tests/scripts/modern_train.py on the GPU with NCCL at one rank, plain and under
+    `commprof profile`: exit codes, losses, and what profile counted (ops on NCCL's streams) and left unseen."""
+    script = str(ROOT / "tests" / "scripts" / "modern_train.py")
+    env = {**env_with_root(), "MODERN_DEVICE": args.device, "MODERN_BACKEND": "nccl" if args.device == "cuda"
+           else "gloo"}
+    for mode in IDIOMS:
+        if budget.left() < 30:
+            record(out, "idioms", **{mode: {"skipped": f"{budget.left():.0f} s left"}})
+            continue
+        plain = sh([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", script, "--mode", mode],
+                   min(90.0, budget.left() / 2), env)
+        js = Path(tempfile.mkdtemp(prefix="gpu-idioms-")) / "out.json"
+        prof = sh([sys.executable, "-m", "commprof", "profile", "--nproc", "1", "--json", str(js), script, "--mode",
+                   mode], min(90.0, budget.left() - 3), env)
+        entry = {"plain_rc": plain["rc"], "profiled_rc": prof["rc"],
+                 "plain_loss": [x for x in plain["stdout"].split("\n") if " loss " in x],
+                 "profiled_loss": [x for x in prof["stdout"].split("\n") if " loss " in x]}
+        entry["same_loss"] = bool(entry["plain_loss"]) and entry["plain_loss"] == entry["profiled_loss"]
+        if prof["rc"] != 0:
+            entry["profiled"] = failed(prof)
+        if plain["rc"] != 0:
+            entry["plain"] = failed(plain)
+        if js.exists():
+            doc = json.loads(js.read_text())
+            entry.update(clock=doc["env"].get("clock"), steps=doc["steps"], unseen=doc["unseen"],
+                         volume={k: v["calls_per_step"] for k, v in doc["volume"].items()},
+                         outside={k: v["calls"] for k, v in doc["outside_iterations"].items()})
+        record(out, "idioms", **{mode: entry})
+
+
+# ---- step: nsys beside the CUDA kernels ---------------------------------------------------------------------
+def step_nsys(args, out: Path, budget: Budget) -> None:
+    packed = ROOT / ".nsys-target" / "nsys-target.tar.xz"
+    if not packed.exists():
+        record(out, "nsys", skipped=f"{packed.relative_to(ROOT)} was not carried (tools/pack_nsys_target.sh)")
+        return
+    where = Path(tempfile.mkdtemp(prefix="nsys-target-"))
+    res = sh(["tar", "-xJf", str(packed), "-C", str(where)], 60.0)
+    nsys = next(where.glob("*/bin/nsys"), None)
+    if res["rc"] != 0 or nsys is None:
+        record(out, "nsys", unpack=failed(res))
+        return
+    version = sh([str(nsys), "--version"], 20.0)
+    record(out, "nsys", version=version["stdout"].strip()[:200])
+    report = Path(tempfile.mkdtemp(prefix="nsys-run-")) / "run"
+    run = ["-m", "commprof", "run", "--strategy", "ddp", "--model", "resnet18", "--nproc", "2", "--device",
+           args.device, "--steps", "6", "--warmup", "2", "--batch-size", "32", "--eval-samples", "0"]
+    res = sh([str(nsys), "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-o", str(report),
+              "--force-overwrite", "true", sys.executable, *run], budget.left() - 25, env_with_root())
+    got = {"rc": res["rc"], "wall_s": res["wall_s"], "stdout_tail": res["stdout"][-1500:],
+           "stderr_tail": res.get("stderr", "")[-1500:]}
+    raw = next(report.parent.glob("*.qdstrm"), None) or next(report.parent.glob("*.nsys-rep"), None)
+    if raw is not None:
+        sh(["xz", "-T0", "-6", str(raw)], budget.left() - 3)
+        packed_out = raw.with_name(raw.name + ".xz")
+        if packed_out.exists() and packed_out.stat().st_size < 16 * 2**20:
+            target = out / f"nsys-run{raw.suffix}.xz"
+            target.write_bytes(packed_out.read_bytes())
+            got["report"] = target.name
+        got["report_bytes"] = packed_out.stat().st_size if packed_out.exists() else None
+    record(out, "nsys", **got)
 
 
 # ---- step: what profile costs on CUDA tensors -------------------------------------------------------------

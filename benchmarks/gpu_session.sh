@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 say() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 
 # Each step's own ceiling (s), and what every later step is kept at least, whatever the earlier ones took.
-declare -A CAP=([tests]=150 [truth]=100 [hta]=90 [straggler]=75 [cost]=120)
+declare -A CAP=([tests]=150 [truth]=100 [hta]=90 [straggler]=75 [cost]=120 [idioms]=150 [nsys]=120)
 FLOOR=40
 
 say "gpu session: $(nproc) cores, budget ${BUDGET}s, steps: $STEPS"

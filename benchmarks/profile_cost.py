@@ -6,6 +6,11 @@ Workloads (`--workloads`):
 - ddp: torch's DistributedDataParallel, ResNet-18 (torchvision) on CIFAR-sized batches of 32, SGD;
 - fsdp2: `fully_shard` per block of a small transformer (4 blocks, width 128, 64 tokens) then the root,
   Adam, `clip_grad_norm_` every step, the full state gathered once after the last step;
+- fsdp2_units: many small FSDP2 units, shaped like PyTorch's FSDP2 example (distributed/FSDP2/example.py):
+  a 10-block transformer of width 16 (4 heads, 1024 tokens of vocabulary, 64-token sequences, batch 32),
+  `fully_shard` per block then the root, explicit prefetching (2 blocks ahead forward and backward, the root
+  unsharded before each step), Adam, `clip_grad_norm_`: 21 all_gathers, 11 reduce_scatters and 1 all_reduce
+  a step, each a few KiB, so the step is mostly per-op cost;
 - pipeline: torch.distributed.pipelining's GPipe schedule, one stage of 4 Linear(256) per rank,
   8 micro-batches;
 - tp: a DTensor MLP (ColwiseParallel then RowwiseParallel, width 1024, batch 128) under
@@ -43,7 +48,7 @@ from pathlib import Path
 from common import image_model, job, median_ci, parse, parser, ranks, with_root
 
 TARGET = 1.02
-WORKLOADS = ("ddp", "fsdp2", "pipeline", "tp", "small")
+WORKLOADS = ("ddp", "fsdp2", "fsdp2_units", "pipeline", "tp", "small")
 QUICK = {"rounds": 1, "steps": 4, "warmup": 1, "model": "small"}
 """--quick: every workload in one profiled job (ranks start once: it is their start-up that costs), 4 steps
 each after 1 of warm-up."""
@@ -112,6 +117,64 @@ def fsdp2(_, device):
         opt.zero_grad()
 
     return step, lambda: {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def fsdp2_units(_, device):
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    width, heads, vocab, seq, batch, n_blocks = 16, 4, 1024, 64, 32, 10
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(3))
+            self.proj = torch.nn.Linear(width, width, bias=False)
+            self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (lin(self.ln1(x)).view(b, t, heads, -1).transpose(1, 2) for lin in self.qkv)
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, width))
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = torch.nn.Embedding(vocab, width), torch.nn.Embedding(seq, width)
+            self.layers = torch.nn.ModuleList(Block() for _ in range(n_blocks))
+            self.norm, self.out = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab, bias=False)
+
+        def forward(self, tokens):
+            h = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            for layer in self.layers:
+                h = layer(h)
+            return self.out(self.norm(h)).float()
+
+    model = Model().to(device)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    blocks = list(model.layers)
+    for i, layer in enumerate(blocks):  # prefetch two blocks ahead, forward and backward
+        if i + 2 < n_blocks:
+            layer.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
+        if i >= 2:
+            layer.set_modules_to_backward_prefetch([blocks[i - 1], blocks[i - 2]])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+
+    def step():
+        model.unshard()
+        x = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+        model(x).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: None
 
 
 def pipeline(_, device):

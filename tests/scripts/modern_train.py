@@ -9,9 +9,10 @@ torchrun and under `commprof profile`:
   ddp_static         DDP(static_graph=True)
   ddp_unused         DDP(find_unused_parameters=True) with a branch unused on odd steps
 
-Prints each rank's final loss as `rank R loss HEX` (float.hex: to the bit). `--count-gloo FILE` runs the whole
-script under torch.profiler and writes this rank's count of gloo's own events (`gloo:<op>`) to FILE.rankR: an
-independent count of every op the backend ran.
+MODERN_DEVICE=cuda MODERN_BACKEND=nccl put the modes without a mesh on the GPU (benchmarks/gpu_checks.py's
+idioms step). Prints each rank's final loss as `rank R loss HEX` (float.hex: to the bit). `--count-gloo FILE`
+runs the whole script under torch.profiler and writes this rank's count of gloo's own events (`gloo:<op>`) to
+FILE.rankR: an independent count of every op the backend ran.
 """
 
 import argparse
@@ -79,11 +80,15 @@ def build():
         dp = mesh["dp"].get_local_rank()
         return (model, model.parameters(), lambda i: torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(
             100 * i + dp)), lambda out: out.pow(2).mean())
-    dist.init_process_group("gloo")
+    device = torch.device(os.environ.get("MODERN_DEVICE", "cpu"))
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(os.environ.get("MODERN_BACKEND", "gloo"))
     rank = dist.get_rank()
-    batch = lambda i: torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(100 * i + rank))  # noqa: E731
+    batch = lambda i: torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(100 * i + rank)).to(device)  # noqa: E731
     loss = lambda out: out.pow(2).mean()  # noqa: E731
-    model = nn.Sequential(Block(unused=mode == "ddp_unused"), Block())
+    model = nn.Sequential(Block(unused=mode == "ddp_unused"), Block()).to(device)
     params = list(model.parameters())
     if mode in ("compile_fsdp",):
         from torch.distributed.fsdp import fully_shard
@@ -97,7 +102,8 @@ def build():
     if mode == "compiled_autograd":
         torch._dynamo.config.optimize_ddp = "python_reducer"
         torch._dynamo.config.compiled_autograd = True
-    ddp = DDP(model, static_graph=mode == "ddp_static", find_unused_parameters=mode == "ddp_unused")
+    ddp = DDP(model, static_graph=mode == "ddp_static", find_unused_parameters=mode == "ddp_unused",
+              device_ids=[device.index] if device.type == "cuda" else None)
     if mode in ("compile_ddp", "compiled_autograd"):
         return torch.compile(ddp, backend=args.compiler), params, batch, loss
     if mode in ("ddp_static", "ddp_unused"):

@@ -602,10 +602,15 @@ def step_nsys(args, out: Path, budget: Budget) -> None:
         record(out, "nsys", unpack=failed(res))
         return
     version = sh([str(nsys), "--version"], 20.0)
-    record(out, "nsys", version=version["stdout"].strip()[:200])
+    # the packed nsys (2023.4) brings CUPTI 12.4, which records no kernel of a CUDA 13 process: the machine's
+    # own CUPTI in its place (seen on an H200 with CUDA 13.0: the kernels recorded, NVTX as before)
+    own = sorted(Path("/usr/local").glob("cuda*/targets/x86_64-linux/lib/libcupti.so.*"))
+    if own:
+        (nsys.parent.parent / "target-linux-x64" / "libcupti.so.12.4").write_bytes(own[-1].read_bytes())
+    record(out, "nsys", version=version["stdout"].strip()[:200], cupti=str(own[-1]) if own else "packed 12.4")
     report = Path(tempfile.mkdtemp(prefix="nsys-run-")) / "run"
-    run = ["-m", "commprof", "run", "--strategy", "ddp", "--model", "resnet18", "--nproc", "2", "--device",
-           args.device, "--steps", "6", "--warmup", "2", "--batch-size", "32", "--eval-samples", "0"]
+    run = ["-m", "commprof", "run", "--strategy", "ddp", "--model", "resnet18", "--backend", "gloo", "--nproc", "2",
+           "--device", args.device, "--steps", "6", "--warmup", "2", "--batch-size", "32", "--eval-samples", "0"]
     res = sh([str(nsys), "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-o", str(report),
               "--force-overwrite", "true", sys.executable, *run], budget.left() - 25, env_with_root())
     got = {"rc": res["rc"], "wall_s": res["wall_s"], "stdout_tail": res["stdout"][-1500:],

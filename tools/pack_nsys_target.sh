@@ -21,7 +21,7 @@ mkdir -p "$dst" "$work/nsys-target/bin"
 for f in nsys nsys-launcher launcher libLauncher64.so libToolsInjection64.so libToolsInjectionProxy64.so \
          libToolsInjectionMemoryAllocator.so libToolsInjectionPythonNvtxAnnotations64.so \
          libToolsInjectionPythonBacktrace64.so libToolsInjectionPythonGilTracing64.so libcupti.so.12.4 \
-         libnvlog.so libsqlite3.so.0 nvlog.config.template nvtx; do
+         libnvlog.so libsqlite3.so.0 nvlog.config.template nvtx CudaGpuInfoDumper; do
   cp -a "$src/$f" "$dst/"
 done
 ln -s ../target-linux-x64/nsys "$work/nsys-target/bin/nsys"  # nsys refuses to run from elsewhere than a link

@@ -76,7 +76,7 @@ def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) ->
                               "-n", "2", "-ppn", "1", sys.executable, "-m", "commprof", *args])], "bench on mpi")
     else:
         on_hosts([(h, [*torchrun(29501), *args]) for h in HOSTS], "bench on gloo")
-    from commprof.bench.alphabeta import fit
+    from commprof.perfmodel.alphabeta import fit
 
     doc = json.loads(out.read_text())
     p2p = {r["nbytes"]: r["time_us"] for r in doc["results"] if r["collective"] == "sendrecv"}

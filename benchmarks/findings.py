@@ -49,7 +49,7 @@ def profiled(tmp: Path, name: str, backend: str, nproc: int, script: str, *args:
     """The JSON of `commprof profile --trace` of tests/scripts/SCRIPT (under COMMPROF_FAULT=fault), with the
     step of its own trace and its clock alignment."""
     sys.path.insert(0, str(ROOT))
-    from commprof.predict import timeline
+    from commprof.perfmodel import timeline
 
     out = tmp / f"{name}.json"
     flags = ["--nproc", str(nproc), "--backend", backend, "--warmup", str(warmup), *(["--bind-cores"] if bind else [])]
@@ -175,7 +175,7 @@ def alternating(tmp: Path, backend: str, nproc: int, delay: float, steps: list[s
 
     from commprof.findings import whatif
     from commprof.findings.arrivals import analyze
-    from commprof.predict import timeline
+    from commprof.perfmodel import timeline
 
     name = f"{backend}-alternating{delay:g}"
     profiled(tmp, name, backend, nproc, "straggler_train.py", *steps, "--delay-ms", str(delay), "--delay-every", "2",

@@ -61,7 +61,7 @@ def predicted(runs: list[Path], bench: Path, ranks: str, out: Path, plot: Path |
 
 def one_rate(rate: str, tmp: Path, plot: Path | None, *, hosts: list[int], strategies: list[str],
              run: list[str]) -> dict:
-    from commprof.predict import timeline
+    from commprof.perfmodel import timeline
 
     job([FABRIC, "up", str(max(hosts)), "--rate", rate], timeout_s=120, what="predict_fabric: tools/fabric up")
     try:

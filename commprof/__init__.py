@@ -24,11 +24,13 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   data/, models/                           what is trained
   parallel/                                grids, partitions, flat buffers, precision, schedules
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
+  perfmodel/                               the models below every analysis: α–β fits, fabrics, a traced
+                                           iteration as a program, its replay at N ranks
+  findings/                                what made a traced job wait, ranked by what it costs a step
   netns, launch, lifecycle                 a local MPI job's own network; the launcher; the job's life
                                            cycle every command runs through
-  bench/, run/, profile/, predict/,        the commands: a config, one rank's work, rank 0's report;
-  findings/                                a traced iteration replayed at N ranks; what made a traced
-                                           job wait, ranked by what it costs a step
+  bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
+                                           predict: a traced iteration replayed at N ranks
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs
 """
 

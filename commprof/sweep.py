@@ -238,11 +238,11 @@ def csv_columns(doc: dict) -> tuple[str, ...]:
 
 def _link_rate(command: str, outputs: dict) -> float | None:
     """--link-rate, checked before anything runs: bench's in GB/s, drawn on its --plot figures (so it needs
-    --plot); run's as its jobs read it (predict/fabric.py), None: every job takes it, for its findings."""
+    --plot); run's as its jobs read it (perfmodel/fabric.py), None: every job takes it, for its findings."""
     if outputs.get("--link-rate") is None:
         return None
     if command == "run":
-        from commprof.predict.fabric import link_flag
+        from commprof.perfmodel.fabric import link_flag
 
         link_flag(outputs["--link-rate"])
         return None

@@ -13,9 +13,9 @@ import sys
 import torch
 
 from commprof.comm import end_process, init_comm
+from commprof.record.figures import mean_volume
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
-from commprof.run.results import mean_volume
 from commprof.world import discover
 
 

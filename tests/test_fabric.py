@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 from spawn import _run, env_for_tests
 
-from commprof.bench.alphabeta import fit
+from commprof.perfmodel.alphabeta import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 FABRIC = str(ROOT / "tools" / "fabric")
@@ -271,8 +271,8 @@ def test_link_names_the_ops_below_half_of_a_link_they_do_not_get(hosts, tmp_path
     # at memory speed, is 2 % of it). Told the link is ten times faster than what tc gives, the findings name
     # that all_reduce at about a tenth of it; held to the link it crosses, nothing.
     from commprof.findings.kinds import LINK_SHARE, find
-    from commprof.predict.fabric import link_flag
-    from commprof.predict.timeline import load
+    from commprof.perfmodel.fabric import link_flag
+    from commprof.perfmodel.timeline import load
 
     out, trace = tmp_path / "r.json", tmp_path / "t"
     claimed = 10 * RATE_GBPS

@@ -15,7 +15,7 @@ from spawn import commprof, env_for_tests
 
 from commprof.findings import whatif
 from commprof.findings.arrivals import analyze
-from commprof.predict import timeline
+from commprof.perfmodel import timeline
 
 SCRIPT = str(Path(__file__).with_name("scripts") / "straggler_train.py")
 PER_PARAM = str(Path(__file__).with_name("scripts") / "per_param_train.py")

@@ -18,7 +18,7 @@ import test_fabric
 from spawn import commprof
 from test_fabric import fabric, on_hosts
 
-from commprof.predict import timeline
+from commprof.perfmodel import timeline
 
 pytestmark = test_fabric.pytestmark  # the same skip
 RATE = "50mbit"

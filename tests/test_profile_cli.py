@@ -80,7 +80,7 @@ def test_the_scripts_own_marks_and_a_group_left_alive(tmp_path):
 def test_the_trace_holds_the_iterations_the_json_does(tmp_path):
     # the last optimizer step opens an iteration that no step ends (the script's teardown): not one, in the
     # JSON, in the trace, or for what reads the trace (findings, predict)
-    from commprof.predict import timeline
+    from commprof.perfmodel import timeline
 
     doc, _ = profile(tmp_path, "--nproc", "2", "--trace", str(tmp_path / "tr"), script="straggler_train.py",
                      script_args=("--steps", "7"))

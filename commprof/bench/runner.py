@@ -26,12 +26,12 @@ from typing import Callable, Iterator
 
 from commprof import kernels
 from commprof.backends import unsupported
-from commprof.bench import alphabeta
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import MODES, BenchConfig
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
 from commprof.errors import UsageError
+from commprof.perfmodel import alphabeta
 from commprof.record.annotate import ANNOTATOR
 from commprof.record.recorder import END, NAME, NBYTES, START
 from commprof.stats import bandwidths, summarize

@@ -1,7 +1,7 @@
 """Each op matched across the ranks that take part in it and split by cause: who arrived last, how long
 the others' training threads waited for it, and the transfer after it arrived — per rank, per step.
 
-For one op (the same key on every party: predict/timeline.py) with issue stamps on the trace's clock (rank
+For one op (the same key on every party: perfmodel/timeline.py) with issue stamps on the trace's clock (rank
 0's; every rank's file is aligned to it when recorded), A = the latest issue and `last` the party that made
 it. Only the time a rank's training thread was blocked counts: an async op whose peer is late while this
 rank computes costs it nothing. Each instant of a blocked interval is
@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from commprof.predict.timeline import RECVS, SENDS, Measured, Op
+from commprof.perfmodel.timeline import RECVS, SENDS, Measured, Op
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,12 @@ Exercised by: `pytest tests/unit/test_findings_recorded.py tests/test_findings.p
 
 from __future__ import annotations
 
-from commprof.bench.alphabeta import fit
 from commprof.findings import slices, whatif
 from commprof.findings.arrivals import Analysis, analyze, median
 from commprof.measurement import COLLECTIVES
-from commprof.predict.fabric import Fabric
-from commprof.predict.timeline import Measured
+from commprof.perfmodel.alphabeta import fit
+from commprof.perfmodel.fabric import Fabric
+from commprof.perfmodel.timeline import Measured
 from commprof.stats import median_ci
 
 THRESHOLD = 0.03
@@ -62,7 +62,7 @@ latency, not the link's bandwidth."""
 def find(m: Measured, *, threshold: float = THRESHOLD, link: Fabric | None = None,
          a: Analysis | None = None) -> list[dict]:
     """Every finding of `m` above `threshold` of its step, costliest first; `link` only given the link's
-    levels (predict/fabric.py's Fabric). `a`: m's analysis, when the caller has it."""
+    levels (perfmodel/fabric.py's Fabric). `a`: m's analysis, when the caller has it."""
     a = a or analyze(m)
     out = _stragglers(m, a, threshold) + _imbalance(m, a) + _exposed(m, a) + _latency_bound(m, a)
     if link is not None:
@@ -259,7 +259,7 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | Non
     "by_rank", "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
     "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
     from commprof.errors import UsageError
-    from commprof.predict.timeline import load
+    from commprof.perfmodel.timeline import load
 
     try:
         m = load(directory)

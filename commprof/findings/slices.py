@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from commprof.findings.arrivals import blocked_by_cause
-from commprof.predict.timeline import Measured
+from commprof.perfmodel.timeline import Measured
 from commprof.report.files import write_atomic
 
 TID = 999_999

@@ -1,4 +1,4 @@
-"""The measured step with one cause taken away: every iteration replayed (predict/replay.py, at the measured
+"""The measured step with one cause taken away: every iteration replayed (perfmodel/replay.py, at the measured
 rank count) once as measured and once edited, each op costing the transfer time it took once all its
 parties were there, and each rank starting when it started (the replay's ranks otherwise start together).
 Per iteration, the step without the cause is the measured step less what the edit saved in the replay; the
@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import Callable
 
 from commprof.findings.arrivals import Analysis, median
-from commprof.predict.replay import replay
-from commprof.predict.timeline import Measured, Op, Program
+from commprof.perfmodel.replay import replay
+from commprof.perfmodel.timeline import Measured, Op, Program
 
 Edit = Callable[[tuple[Program, ...]], tuple[Program, ...]]
 

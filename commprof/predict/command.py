@@ -6,7 +6,7 @@ from the iteration it measured (its trace) and a fabric's α and β per level.
     commprof predict ddp.json fsdp.json --fabric bench.json --ranks 2,3,4 --json predicted.json
 
 Each input is a run (or profile) JSON made with --trace, or the trace itself. Every measured iteration is
-replayed at each N (predict/replay.py) and the median taken. Efficiency is the replay with free
+replayed at each N (perfmodel/replay.py) and the median taken. Efficiency is the replay with free
 communication over the predicted step: 1.0 is perfect weak scaling.
 
 Exercised by: `pytest tests/unit/test_predict.py tests/test_bad_input.py`.
@@ -53,8 +53,8 @@ def parse_ranks(text: str | None) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from commprof.predict import fabric as fabrics
-    from commprof.predict import replay, timeline
+    from commprof.perfmodel import fabric as fabrics
+    from commprof.perfmodel import replay, timeline
 
     wanted = parse_ranks(args.ranks)
     if args.ranks_per_host is not None and args.ranks_per_host < 1:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from commprof import flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
-from commprof.predict.fabric import Fabric, link_flag
+from commprof.perfmodel.fabric import Fabric, link_flag
 from commprof.report.files import Outputs
 from commprof.world import World
 

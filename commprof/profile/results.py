@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from commprof.record.figures import mean_volume, time_row, time_summary
 from commprof.record.volume import volume_table
-from commprof.run.results import mean_volume, time_row, time_summary
 
 
 def combine(cfg, results: list[dict], env: dict) -> dict:

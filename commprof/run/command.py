@@ -26,7 +26,7 @@ from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
 from commprof.parallel.grid import degrees
 from commprof.parallel.partition import BALANCE
-from commprof.predict.fabric import link_flag
+from commprof.perfmodel.fabric import link_flag
 from commprof.report import files
 from commprof.report.files import Outputs
 from commprof.report.units import MAX_SIZE

@@ -12,7 +12,7 @@ from commprof.flags import TIMEOUT_S
 from commprof.report.files import Outputs
 
 if TYPE_CHECKING:
-    from commprof.predict.fabric import Fabric
+    from commprof.perfmodel.fabric import Fabric
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ unique name per collective and the whole module interface, with the cost its for
 import pytest
 
 from commprof import kernels
-from commprof.bench import alphabeta
 from commprof.kernels.common import Fold, bounds
+from commprof.perfmodel import alphabeta
 
 
 def test_alpha_beta_fit_recovers_a_closed_form():

@@ -12,7 +12,7 @@ from commprof import cli
 from commprof.findings import whatif
 from commprof.findings.arrivals import analyze
 from commprof.findings.kinds import of_trace
-from commprof.predict import timeline
+from commprof.perfmodel import timeline
 
 DELAY_MS = 20.0
 """What rank 1 of the slowed job slept before every backward (tests/support/record.py)."""

@@ -20,8 +20,10 @@ LAYERS = (
     ("data", "models"),
     ("parallel",),
     ("strategies", "kernels"),
+    ("perfmodel",),
+    ("findings",),
     ("netns", "launch", "lifecycle"),
-    ("bench", "run", "profile", "predict", "findings"),
+    ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )
 """commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own

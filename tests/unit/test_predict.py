@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from commprof import cli
-from commprof.bench.alphabeta import fit
 from commprof.errors import UsageError
-from commprof.predict import fabric as fabrics
-from commprof.predict import replay, timeline
-from commprof.predict.timeline import Op, Program
+from commprof.perfmodel import fabric as fabrics
+from commprof.perfmodel import replay, timeline
+from commprof.perfmodel.alphabeta import fit
+from commprof.perfmodel.timeline import Op, Program
 
 WORLD = (0, 1)
 

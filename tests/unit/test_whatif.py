@@ -6,8 +6,8 @@ import pytest
 
 def test_fusing_small_ops_replays_them_as_one_op_at_the_last_and_drops_their_sync_points():
     from commprof.findings import whatif
-    from commprof.predict.replay import replay
-    from commprof.predict.timeline import Op, Program
+    from commprof.perfmodel.replay import replay
+    from commprof.perfmodel.timeline import Op, Program
 
     def op(k, nbytes=100):
         return Op(key=("world", (0, 1), "all_reduce", k), name="all_reduce", label="world", members=(0, 1),
@@ -30,7 +30,7 @@ def test_fusing_small_ops_replays_them_as_one_op_at_the_last_and_drops_their_syn
 def test_ops_a_straggler_made_late_cost_their_aligned_transfer_without_it():
     from commprof.findings import whatif
     from commprof.findings.arrivals import Analysis, Arrival
-    from commprof.predict.timeline import Op
+    from commprof.perfmodel.timeline import Op
 
     def arrival(k, nbytes, last, spread, transfer):
         op = Op(key=("world", (0, 1), "all_reduce", k), name="all_reduce", label="world", members=(0, 1),

@@ -20,8 +20,8 @@ from functools import lru_cache
 
 from commprof import kernels
 from commprof.errors import UsageError
-from commprof.predict.fabric import Fabric, Level
-from commprof.predict.timeline import RECVS, SENDS, Measured, Op, Program
+from commprof.perfmodel.fabric import Fabric, Level
+from commprof.perfmodel.timeline import RECVS, SENDS, Measured, Op, Program
 
 ALGORITHMS = {"all_reduce": ("all_reduce", "ring"), "all_gather": ("all_gather", "ring"),
               "reduce_scatter": ("reduce_scatter", "ring"), "broadcast": ("broadcast", "binomial_tree"),

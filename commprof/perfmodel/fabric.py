@@ -112,7 +112,7 @@ def from_bench(path: str, flag: str = "--fabric") -> Fabric:
     """α–β per level fitted to the library sendrecv rows of a `commprof bench` JSON: rows of `--groups
     intra,inter` by their level; a plain sweep is inter-host when its ranks were one per host, intra-host
     when they shared one host."""
-    from commprof.bench.alphabeta import fit
+    from commprof.perfmodel.alphabeta import fit
 
     doc = read_json(path, "not a bench JSON", shown=f"{flag} {path}")
     rows = doc.get("results")

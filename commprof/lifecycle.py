@@ -1,14 +1,15 @@
 """The life of one commprof job, the same for every command that runs on ranks:
 
     args ─ build_config (once per process) ─┬─ launcher: local_ranks, check_world, launch.launch(argv)
-                                            └─ rank: check_world, Comm, watchdog, env, trace,
-                                               work → trace.finish → gather → report (rank 0) → exit code
+                                            └─ rank: check_world, Comm, RankLife.begin (watchdog, env, trace),
+                                               work → RankLife.gather (trace, results) → report (rank 0) → code
 
 A command is a `Command`: it turns its flags into a frozen config and fills in the work one rank does and
-the report rank 0 makes of every rank's result. `commprof profile` is a `Job`, the launcher's part alone:
-its rank runs a user's script, which makes its own process group (profile/rank.py). Everything else — who
-launches, which rank speaks, the watchdog and its salvage, the trace, the env block, the shutdown order — is
-here, once. `args` stops at `build_config`; below it everything reads the config. Exercised by: `pytest
+the report rank 0 makes of every rank's result. `commprof profile` is a `Job` whose rank runs a user's
+script, which makes its own process group (profile/rank.py): its rank begins the same RankLife when that
+group exists (adopted, however the script made it) and gathers through it before the group goes. Everything
+else — who launches, which rank speaks, the watchdog and its salvage, the trace, the env block, the shutdown
+order — is here, once. `args` stops at `build_config`; below it everything reads the config. Exercised by: `pytest
 tests/test_bench_cli.py tests/test_run_cli.py tests/test_failures.py`.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -163,54 +163,120 @@ def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
         raise UsageError(f"nccl needs one GPU per rank: {world.local_world_size} ranks per host, {have} GPU(s)")
     # A rank's imports, here rather than at the top: the launcher never loads torch (seconds) or MPI.
     import torch
-    from rich.console import Console
 
     from commprof.comm import init_comm
-    from commprof.comm.watchdog import Watchdog
-    from commprof.record import trace, trace_folder
-    from commprof.record.contention import Contention
-    from commprof.report.env import local_env, merge_env
 
-    over = world.local_world_size > have
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     comm = None
     if not command.without_comm(cfg, world):
-        comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s, oversubscribed=over,
-                         device=getattr(cfg, "device", None))
-    folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=command.findings)
+        comm = init_comm(world, backend=cfg.backend, timeout_s=cfg.timeout_s,
+                         oversubscribed=world.local_world_size > have, device=getattr(cfg, "device", None))
+    life = RankLife(cfg, world, have, findings=command.findings)
     try:  # closed on every way out but os._exit; the process then ends through comm.end_process
-        watchdog = Watchdog(comm, timeout_s=cfg.timeout_s, rank=world.rank,
-                            dump_dir=cfg.out.dump_folder()) if comm is not None else nullcontext()
-        with watchdog:
-            device = comm.device if comm is not None else _device(getattr(cfg, "device", None) or "cpu", world)
-            pieces = comm.gather_object(local_env(device), dst=0) if comm is not None else [local_env(device)]
-            env = None if pieces is None else merge_env(
-                pieces, backend=cfg.backend, world_size=len(pieces), local_world_size=world.local_world_size,
-                slots=have, oversubscribed=over, launcher=world.launcher,
-                clock=comm.clock.kind if comm is not None else device.type, argv=["commprof", *cfg.out.argv])
-            rank = Rank(world, comm, device, env, watchdog if comm is not None else None)
-            if pieces is not None:  # the job's ranks on rank 0's host: their CPU is the job's own
-                rank.contention = Contention([p["pid"] for p in pieces if p["host"] == pieces[0]["host"]])
-            tracer = trace.start(comm, folder.path) if folder is not None else None
-            if tracer is not None:
-                rank.trace_dir = folder.path
-                rank.on_failure(lambda code, message: (trace.abandon(tracer), folder.discard()))
-            result = command.work(cfg, rank)
-            if tracer is not None:
-                merged = trace.finish(comm, tracer, folder.path)
-                if merged is not None and folder.asked:
-                    Console(stderr=True).print(f"trace: {merged} ({world.world_size} rank(s)); "
-                                               "open in ui.perfetto.dev or chrome://tracing")
-            results = comm.gather_object(result, dst=0) if comm is not None else [result]
+        with life:
+            rank = life.begin(comm, device=None if comm is not None else _device(getattr(cfg, "device", None) or "cpu",
+                                                                                 world))
+            results = life.gather(command.work(cfg, rank))
             code = command.report(cfg, rank, results) if world.rank == 0 else 0
             if comm is not None:
                 code = comm.broadcast_object(code, src=0)
     finally:
-        if folder is not None:
-            folder.discard()
+        life.close()
         if comm is not None:
             comm.close()
     return code
+
+
+class RankLife:
+    """A rank's life around its world Comm, the same for every command: the watchdog, the env block, the
+    contention record and the trace begin with `begin`; `gather` closes the trace and brings every rank's
+    result to rank 0; leaving it as a context (or `unwatch`) ends the watchdog, which turns an exception that
+    leaves the block into the job's verdict. bench and run make their Comm (run_rank); `commprof profile`
+    adopts the one its script's process group gives (profile/rank.py), begins when that group exists and
+    gathers before it goes."""
+
+    def __init__(self, cfg: Config, world: World, have: int, *, findings: bool) -> None:
+        from commprof.record import trace_folder
+
+        self.cfg, self.world, self.have = cfg, world, have
+        self.folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=findings)
+        """Where this rank traces (--trace's folder, or a private one for the findings); None: untraced."""
+        self.rank: Rank | None = None
+        """What the work sees, once begun."""
+        self.tracer = None
+        self.watchdog: Watchdog | None = None
+        """Watching the Comm from `begin` until the block ends (or `unwatch`)."""
+
+    def begin(self, comm, device=None, *, backend: str | None = None) -> Rank:
+        """Watch `comm` (None: a process working alone, on `device`), gather the env block to rank 0 and
+        start the trace: the Rank the command's work sees."""
+        from commprof.comm.watchdog import Watchdog
+        from commprof.record import trace
+        from commprof.record.contention import Contention
+        from commprof.report.env import local_env, merge_env
+
+        world, cfg = self.world, self.cfg
+        if comm is not None:
+            self.watchdog = Watchdog(comm, timeout_s=comm.timeout_s or cfg.timeout_s, rank=world.rank,
+                                      dump_dir=cfg.out.dump_folder()).__enter__()
+        device = comm.device if comm is not None else device
+        pieces = comm.gather_object(local_env(device), dst=0) if comm is not None else [local_env(device)]
+        env = None if pieces is None else merge_env(
+            pieces, backend=backend or cfg.backend, world_size=len(pieces), local_world_size=world.local_world_size,
+            slots=self.have, oversubscribed=world.local_world_size > self.have, launcher=world.launcher,
+            clock=comm.clock.kind if comm is not None else device.type, argv=["commprof", *cfg.out.argv])
+        rank = self.rank = Rank(world, comm, device, env, self.watchdog)
+        if pieces is not None:  # the job's ranks on rank 0's host: their CPU is the job's own
+            rank.contention = Contention([p["pid"] for p in pieces if p["host"] == pieces[0]["host"]])
+        if self.folder is not None:
+            self.tracer = trace.start(comm, self.folder.path)
+            rank.trace_dir = self.folder.path
+            rank.on_failure(self._abandon)
+        return rank
+
+    def _abandon(self, code: int, message: str) -> None:
+        from commprof.record import trace
+
+        if self.tracer is not None:
+            tracer, self.tracer = self.tracer, None
+            trace.abandon(tracer)
+        self.folder.discard()
+
+    def __enter__(self) -> RankLife:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        """The watchdog ends with the block: on an exception it claims the failure (a CommprofError ends the job
+        with its line) or saves what was measured (Ctrl-C, a bug) before the exception goes on."""
+        if self.watchdog is None:
+            return False
+        watchdog, self.watchdog = self.watchdog, None
+        return watchdog.__exit__(kind, exc, tb)
+
+    def gather(self, result) -> list | None:
+        """Close the trace (rank 0 merges every rank's) and gather every rank's `result`: the list on rank 0,
+        None elsewhere."""
+        import sys
+
+        from commprof.record import trace
+
+        comm = self.rank.comm
+        if self.tracer is not None:
+            tracer, self.tracer = self.tracer, None
+            merged = trace.finish(comm, tracer, self.folder.path)
+            if merged is not None and self.folder.asked:
+                # one plain line, never wrapped: a path is copied from it
+                sys.stderr.write(f"trace: {merged} ({self.world.world_size} rank(s)); open in ui.perfetto.dev or "
+                                 "chrome://tracing\n")
+        return comm.gather_object(result, dst=0) if comm is not None else [result]
+
+    def unwatch(self) -> None:
+        """Every rank's result is in: the watchdog goes (before a script's group does)."""
+        self.__exit__(None, None, None)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.discard()
 
 
 def _device(kind: str, world: World) -> torch.device:

@@ -1,6 +1,7 @@
 """`commprof profile` on scripts written the ways PyTorch is used today (tests/scripts/modern_train.py): a
 mesh that makes the default group itself, FSDP2 over TP on a 2-D mesh, torch.compile of DDP and of FSDP2,
-compiled autograd with DDP's python reducer, DDP with a static graph and with unused parameters. Each exits 0
+compiled autograd with DDP's python reducer, DDP with a static graph and with unused parameters, and
+`dist.all_reduce` calls inside a torch.compile(fullgraph=True) function (a graph break would raise). Each exits 0
 with the plain run's losses to the bit, and commprof's counts equal an independent count: gloo's own
 `gloo:<op>` events, recorded by torch.profiler in the plain run, op for op (what commprof leaves to torch is
 in `unseen`, by name). Half the modes are profiled under commprof's launcher, half under
@@ -23,7 +24,7 @@ GLOO_NAMES = {"reduce_scatter": "all_reduce"}
 
 MODES = [("mesh_tp", 2, "commprof"), ("fsdp_tp", 4, "torchrun"), ("compile_ddp", 2, "torchrun"),
          ("compiled_autograd", 2, "commprof"), ("compile_fsdp", 2, "commprof"), ("ddp_static", 2, "torchrun"),
-         ("ddp_unused", 2, "commprof")]
+         ("ddp_unused", 2, "commprof"), ("compiled_sync", 2, "commprof")]
 
 
 def losses(stdout: str) -> list[str]:
@@ -68,3 +69,8 @@ def test_todays_idioms_are_counted_op_for_op_and_train_unchanged(tmp_path, mode,
     assert commprof_counts(doc) == gloo
     if mode.startswith(("compile", "ddp")):
         assert doc["unseen"] == {}  # DDP's bucket-order broadcast too: counted, through the reducer's group
+    if mode == "compiled_sync":  # every gradient's all_reduce, in the compiled graph, counted when it ran
+        # a gradient each (2 blocks: LayerNorm, two Linears, weight and bias each), 4 bytes a parameter
+        v = doc["volume"]["all_reduce"]
+        params = 2 * (2 * 16 + 16 * 32 + 32 + 32 * 16 + 16)
+        assert (v["calls_per_step"], v["payload_bytes_per_step"]) == (12, 4 * params), v

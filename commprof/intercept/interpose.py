@@ -41,11 +41,13 @@ from functools import partial, update_wrapper
 
 import torch
 import torch.distributed as dist
+from torch.compiler import is_compiling
 from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm import torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
+from commprof.intercept import compiling
 from commprof.intercept.opaque import opaque
 from commprof.record import aligned
 from commprof.record.clock import CpuClock, CudaClock
@@ -152,24 +154,34 @@ class Interposer:
 
     # ---- the wrappers: torch's signatures, Comm's calls ---------------------------------------------
     def all_reduce(self, tensor, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_reduce(tensor, op=op, group=group, async_op=async_op)
         name = "sum" if op is _SUM else _OPS.get(op)  # hashing a ReduceOp costs µs: SUM by identity first
         if name is None or not tensor.is_contiguous():
             return self._torch("all_reduce", tensor, op=op, group=group, async_op=async_op)
         return _work(self.comm(group).all_reduce(tensor, op=name, async_op=async_op))
 
     def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
             return self._torch("all_gather_into_tensor", output_tensor, input_tensor, group=group,
                                async_op=async_op)
         return _work(self.comm(group).all_gather(output_tensor, input_tensor, async_op=async_op))
 
     def all_gather_single(self, output_tensor, input_tensor, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         return self.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
     def reduce_scatter_single(self, output, input, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
         return self.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
     def all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_gather(tensor_list, tensor, group=group, async_op=async_op)
         comm = self.comm(group)
         flat = torch.empty(comm.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         handle = comm.all_gather(flat, tensor.contiguous().view(-1), async_op=async_op)
@@ -181,12 +193,16 @@ class Interposer:
         return _work(handle, scatter_out)
 
     def reduce_scatter_tensor(self, output, input, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
         name = _OPS.get(op)
         if name is None or not (output.is_contiguous() and input.is_contiguous()):
             return self._torch("reduce_scatter_tensor", output, input, op=op, group=group, async_op=async_op)
         return _work(self.comm(group).reduce_scatter(output, input, op=name, async_op=async_op))
 
     def reduce_scatter(self, output, input_list, op=c10d.ReduceOp.SUM, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
         name = _OPS.get(op)
         if name is None or not output.is_contiguous():
             return self._torch("reduce_scatter", output, input_list, op=op, group=group, async_op=async_op)
@@ -194,6 +210,8 @@ class Interposer:
         return _work(self.comm(group).reduce_scatter(output, flat, op=name, async_op=async_op))
 
     def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):
+        if _compiling():
+            return torch_own.c10d.broadcast(tensor, src=src, group=group, async_op=async_op, group_src=group_src)
         comm = self.comm(group)
         root = group_src if group_src is not None else comm.members.index(src)
         if not tensor.is_contiguous():
@@ -201,6 +219,8 @@ class Interposer:
         return _work(comm.broadcast(tensor, src=root, async_op=async_op))
 
     def reduce(self, tensor, dst=None, op=c10d.ReduceOp.SUM, group=None, async_op=False, group_dst=None):
+        if _compiling():
+            return torch_own.c10d.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op, group_dst=group_dst)
         comm, name = self.comm(group), _OPS.get(op)
         if name is None or not tensor.is_contiguous():
             return self._torch("reduce", tensor, dst=dst, op=op, group=group, async_op=async_op,
@@ -210,12 +230,17 @@ class Interposer:
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
+                                                    async_op=async_op)
         if output_split_sizes or input_split_sizes:  # Comm's all_to_all has equal chunks only
             return self._torch("all_to_all_single", output, input, output_split_sizes, input_split_sizes,
                                group=group, async_op=async_op)
         return _work(self.comm(group).all_to_all(output, input, async_op=async_op))
 
     def all_to_all(self, output_tensor_list, input_tensor_list, group=None, async_op=False):
+        if _compiling():
+            return torch_own.c10d.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
         shapes = {t.shape for t in (*output_tensor_list, *input_tensor_list)}
         if len(shapes) != 1:  # Comm's all_to_all has equal chunks only
             return self._torch("all_to_all", output_tensor_list, input_tensor_list, group=group, async_op=async_op)
@@ -231,12 +256,16 @@ class Interposer:
         return _work(handle, scatter_out)
 
     def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        if _compiling():
+            return torch_own.c10d.send(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
         comm = self.comm(group)
         if not tensor.is_contiguous():
             return self._torch("send", tensor, dst, group=group, tag=tag, group_dst=group_dst)
         comm.send(tensor, dst=_peer(comm, dst, group_dst))
 
     def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        if _compiling():
+            return torch_own.c10d.recv(tensor, src=src, group=group, tag=tag, group_src=group_src)
         comm = self.comm(group)
         if (src is None and group_src is None) or not tensor.is_contiguous():  # any source: Comm names one
             return self._torch("recv", tensor, src, group=group, tag=tag, group_src=group_src)
@@ -245,18 +274,24 @@ class Interposer:
         return comm.members[peer]
 
     def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        if _compiling():
+            return torch_own.c10d.isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
         comm = self.comm(group)
         if not tensor.is_contiguous():
             return self._torch("isend", tensor, dst, group=group, tag=tag, group_dst=group_dst)
         return Work(comm.isend(tensor, dst=_peer(comm, dst, group_dst)))
 
     def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        if _compiling():
+            return torch_own.c10d.irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
         comm = self.comm(group)
         if (src is None and group_src is None) or not tensor.is_contiguous():
             return self._torch("irecv", tensor, src, group=group, tag=tag, group_src=group_src)
         return Work(comm.irecv(tensor, src=_peer(comm, src, group_src)))
 
     def batch_isend_irecv(self, p2p_op_list):
+        if _compiling():
+            return torch_own.c10d.batch_isend_irecv(p2p_op_list)
         if len(p2p_op_list) > 1 and c10d.get_backend(p2p_op_list[0].group) == "nccl":
             return self._torch("batch_isend_irecv", [_original(op) for op in p2p_op_list])
         works = []
@@ -268,6 +303,8 @@ class Interposer:
         return works
 
     def barrier(self, group=None, async_op=False, device_ids=None, timeout=None):
+        if _compiling():
+            return torch_own.c10d.barrier(group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
         if async_op or timeout is not None:
             return self._torch("barrier", group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
         self.comm(group).barrier()
@@ -276,6 +313,8 @@ class Interposer:
     def all_reduce_coalesced(self, tensors, op=c10d.ReduceOp.SUM, group=None, async_op=False):
         """One all_reduce over the tensors laid end to end, as gloo sends them (synchronous calls; torch's
         async form returns a bare Future, which nothing here could fill the tensors from)."""
+        if _compiling():
+            return torch_own.c10d.all_reduce_coalesced(tensors, op=op, group=group, async_op=async_op)
         name = _OPS.get(op)
         if async_op or name is None or not one_dtype(tensors) or tensors[0].is_complex():
             return self._torch("all_reduce_coalesced", tensors, op=op, group=group, async_op=async_op)
@@ -286,6 +325,9 @@ class Interposer:
 
     def all_gather_coalesced(self, output_tensor_lists, input_tensor_list, group=None, async_op=False):
         """One all_gather of the tensors laid end to end (synchronous calls, as all_reduce_coalesced)."""
+        if _compiling():
+            return torch_own.c10d.all_gather_coalesced(output_tensor_lists, input_tensor_list, group=group,
+                                                       async_op=async_op)
         if async_op or not one_dtype(input_tensor_list) or input_tensor_list[0].is_complex():
             return self._torch("all_gather_coalesced", output_tensor_lists, input_tensor_list, group=group,
                                async_op=async_op)
@@ -298,11 +340,21 @@ class Interposer:
                 out.copy_(piece.view(out.shape))
 
     def _torch(self, name: str, *args, **kwargs):
+        if _compiling():
+            return getattr(torch_own.c10d, name)(*args, **kwargs)
         """torch's own `name`, counted as unseen; whatever it calls by distributed_c10d's names is torch's too
         (all_gather_into_tensor calls all_gather_single: not a second op)."""
         self.unseen[name] += 1
         with torch_own.own():
             return getattr(torch_own.c10d, name)(*args, **kwargs)
+
+
+_compiling = is_compiling
+"""Whether torch.compile is tracing the call (True only then, constant-folded in the graph; ~0.1 µs a call
+eagerly). A traced wrapper hands the call to torch's own function, which dynamo rewrites into a functional
+collective — counted when the compiled graph runs it (intercept/functional.py) — or breaks the graph at, as
+it would without commprof, the call then running eagerly through the wrapper. Without it dynamo would trace
+commprof's own code and break the script's graph inside it."""
 
 
 def _work(handle, after=None):
@@ -359,21 +411,44 @@ def install(recorder: OpRecorder | None = None) -> Interposer:
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("torch.distributed is already interposed")
+    # loaded first: it keeps distributed_c10d's functions, as it finds them, as the keys of the table by which
+    # torch.compile rewrites a traced call into a functional collective (see _compiling); loaded later, it
+    # would keep the rebound names
+    import torch.distributed._functional_collectives  # noqa: F401
     _ACTIVE = Interposer(recorder)
     for name in _routed():
         original = getattr(torch_own.c10d, name)
         rebound = _wrapper(original, getattr(_ACTIVE, name))
         _ORIGINAL[rebound] = original
-        setattr(dist, name, rebound)
-        if name not in P2P_BY_NAME:
-            setattr(c10d, name, _by_name(original, rebound))
+        _BOUND[name] = (rebound, _by_name(original, rebound) if name not in P2P_BY_NAME else original)
     for name in _unseen():
         original = getattr(torch_own.c10d, name)
         counted = update_wrapper(partial(_ACTIVE._torch, name), original)
-        setattr(dist, name, counted)
-        setattr(c10d, name, _by_name(original, counted))
-    dist.P2POp = P2POp
+        _BOUND[name] = (counted, _by_name(original, counted))
+    _show()
+    compiling.install(_hide, _show)
     return _ACTIVE
+
+
+_BOUND: dict = {}
+"""name -> (what `torch.distributed` holds for it, what distributed_c10d holds), while installed."""
+
+
+def _show(*_) -> None:
+    """commprof's wrappers behind torch.distributed's names."""
+    for name, (by_dist, by_c10d) in _BOUND.items():
+        setattr(dist, name, by_dist)
+        setattr(c10d, name, by_c10d)
+    dist.P2POp = P2POp
+
+
+def _hide(*_) -> None:
+    """torch's own functions behind the names (while torch.compile traces: intercept/compiling.py)."""
+    for name in _BOUND:
+        original = getattr(torch_own.c10d, name)
+        setattr(dist, name, original)
+        setattr(c10d, name, original)
+    dist.P2POp = c10d.P2POp
 
 
 def _routed() -> list[str]:
@@ -412,9 +487,8 @@ def ensure(comm: TorchComm) -> Interposer:
 def uninstall() -> None:
     """torch.distributed's own functions back."""
     global _ACTIVE
-    for name in (*_routed(), *_unseen()):
-        setattr(dist, name, getattr(torch_own.c10d, name))
-        setattr(c10d, name, getattr(torch_own.c10d, name))
-    dist.P2POp = c10d.P2POp
+    compiling.uninstall()
+    _hide()
+    _BOUND.clear()
     _ORIGINAL.clear()
     _ACTIVE = None

@@ -5,7 +5,9 @@ its process group goes, and rank 0's report.
                                                └─ its end with the group alive: gather, destroy
             → rank 0: tables, --json; every rank: the script's own exit code
 
-Once the script's process group exists, a watchdog (comm/watchdog.py) watches it as it watches `commprof run`:
+Once the script's process group exists — made by init_process_group under any name, or by DeviceMesh — the
+rank begins the life cycle bench and run have (lifecycle.RankLife: watchdog, env block, trace), and gathers
+through it before the group goes. The watchdog (comm/watchdog.py) watches it as it watches `commprof run`:
 its collectives run through Comm, so a stall past --timeout (or the script's own timeout), a backend error,
 the script's exception or its non-zero exit is claimed on a control plane beside the script's rendezvous store;
 the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
@@ -32,11 +34,10 @@ from commprof.comm import join, rendezvous_address
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
-from commprof.comm.watchdog import Watchdog
 from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.intercept import Interception
+from commprof.lifecycle import RankLife
 from commprof.profile import ending
-from commprof.record import trace, trace_folder
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
@@ -77,13 +78,11 @@ class Session:
         self.cfg, self.world, self.fault = cfg, world, fault
         self.recorder = OpRecorder(CpuClock())
         """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_adopt)."""
-        self.watchdog: Watchdog | None = None
+        self.life = RankLife(cfg, world, slots(cfg.backend), findings=True)
+        """The rank's life cycle, bench's and run's (lifecycle.py), begun once the script's group exists."""
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
-        self.tracer = None
-        self.folder = trace_folder.for_rank(cfg.out.trace, world.rank, findings=True)
-        """Where this rank traces (--trace's folder, or a private one for the findings)."""
         self._timeout_s = cfg.timeout_s
         """The script's process group's timeout: its own where it gave one to init_process_group."""
         self.caught = Interception(self.recorder, warmup=cfg.warmup, route_ddp=cfg.ddp_reducer,
@@ -131,12 +130,8 @@ class Session:
         world = self.interposer.comm(None)
         world.timeout_s = self._timeout_s
         world.control = _control_plane(world)
-        self.watchdog = Watchdog(world, timeout_s=self._timeout_s, rank=self.world.rank,
-                                 dump_dir=self.cfg.out.dump_folder())
-        self.watchdog.on_failure(self._salvage)
-        self.watchdog.on_failure(lambda code, message: self.folder.discard())
-        self.watchdog.__enter__()
-        self.tracer = trace.start(world, self.folder.path)
+        rank = self.life.begin(world, backend=c10d.get_backend(pg))
+        rank.on_failure(self._salvage)
 
     def _own_store(self) -> bool:
         """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
@@ -209,8 +204,8 @@ class Session:
     def _fail(self, err: CommprofError, say: str | None = None) -> None:
         """End the job for `err` through the watchdog, once the script's group exists (never returns then):
         the peers learn of it at once, and the flight records tell a desync from the rest."""
-        if self.watchdog is not None and self.gathered is None:
-            self.watchdog.fail(err, say=say)
+        if self.life.watchdog is not None and self.gathered is None:
+            self.life.watchdog.fail(err, say=say)
 
     def _salvage(self, code: int, message: str) -> None:
         """Rank 0's iterations so far, printed and in --json, marked incomplete: the failure ends the job
@@ -238,24 +233,9 @@ class Session:
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
         self.tracker.finish()
-        comm = self.interposer.comm(None)
-        if self.tracer is not None:
-            merged = trace.finish(comm, self.tracer, self.folder.path)
-            self.tracer = None
-            if merged is not None and self.folder.asked:
-                sys.stderr.write(f"trace: {merged} ({comm.world_size} rank(s)); open in ui.perfetto.dev\n")
-        result = self._result(self.tracker.iterations, self.tracker.volumes)
-        pieces = comm.gather_object(local_env(self._device()), dst=0)
-        results = comm.gather_object(result, dst=0)
-        env = None
-        if pieces is not None:
-            have = slots(self.cfg.backend)
-            env = merge_env(pieces, backend=c10d.get_backend(), world_size=len(pieces),
-                            local_world_size=self.world.local_world_size, slots=have,
-                            oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
-                            clock=self.recorder.clock.kind, argv=["commprof", *self.cfg.out.argv])
-        self.gathered = (results, env)
-        self._unwatch()
+        results = self.life.gather(self._result(self.tracker.iterations, self.tracker.volumes))
+        self.gathered = (results, self.life.rank.env)
+        self.life.unwatch()
 
     def _device(self) -> torch.device:
         """The GPU the script's NCCL ops ran on (its current device), else the CPU."""
@@ -269,19 +249,13 @@ class Session:
                 "outside": step_volume(t.outside), "unseen": dict(self.interposer.unseen),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
-    def _unwatch(self) -> None:
-        """Every rank's figures are in: the watchdog goes before the script's group does."""
-        if self.watchdog is not None:
-            watchdog, self.watchdog = self.watchdog, None
-            watchdog.__exit__(None, None, None)
-
     def report(self, results: list[dict], env: dict) -> None:
         from commprof.profile.results import combine
 
         doc = combine(self.cfg, results, env)
         from commprof.findings.kinds import of_trace
 
-        doc["findings"] = of_trace(self.folder.path, link=self.cfg.link)
+        doc["findings"] = of_trace(self.life.folder.path, link=self.cfg.link)
         self._print(doc)
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})
@@ -304,7 +278,7 @@ class Session:
         self.caught.__exit__(None, None, None)
         dist.init_process_group, dist.destroy_process_group, c10d.init_process_group, \
             c10d.destroy_process_group = self._saved
-        self.folder.discard()
+        self.life.close()
 
 
 def _control_plane(world) -> ControlPlane | None:

@@ -8,6 +8,8 @@ torchrun and under `commprof profile`:
   compile_fsdp       torch.compile of an FSDP2 model
   ddp_static         DDP(static_graph=True)
   ddp_unused         DDP(find_unused_parameters=True) with a branch unused on odd steps
+  compiled_sync      home-made data parallel: the gradients averaged by `dist.all_reduce` calls inside a
+                     torch.compile(fullgraph=True) function (dynamo makes them functional collectives)
 
 MODERN_DEVICE=cuda MODERN_BACKEND=nccl put the modes without a mesh on the GPU (benchmarks/gpu_checks.py's
 idioms step). Prints each rank's final loss as `rank R loss HEX` (float.hex: to the bit). `--count-gloo FILE`
@@ -97,6 +99,8 @@ def build():
             fully_shard(block)
         fully_shard(model)
         return torch.compile(model, backend=args.compiler), model.parameters(), batch, loss
+    if mode == "compiled_sync":
+        return model, params, batch, loss
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if mode == "compiled_autograd":
@@ -111,8 +115,24 @@ def build():
     raise SystemExit(f"unknown --mode {mode}")
 
 
+def compiled_sync(params):
+    """Each gradient summed over the ranks and divided by their number, in one graph (fullgraph: a graph break
+    raises)."""
+    world = dist.get_world_size()
+
+    @torch.compile(backend=args.compiler, fullgraph=True)
+    def sync(grads):
+        for g in grads:
+            dist.all_reduce(g)
+            g.div_(world)
+
+    return lambda: sync([p.grad for p in params])
+
+
 def main() -> None:
     model, params, batch, loss_of = build()
+    params = list(params)
+    sync = compiled_sync(params) if args.mode == "compiled_sync" else None
     opt = torch.optim.SGD(params, lr=0.05)
     for i in range(args.steps):
         for m in model.modules():
@@ -120,6 +140,8 @@ def main() -> None:
                 m.step = i
         loss = loss_of(model(batch(i)))
         loss.backward()
+        if sync is not None:
+            sync()
         opt.step()
         opt.zero_grad()
     print(f"rank {dist.get_rank()} loss {loss.item().hex()}", flush=True)

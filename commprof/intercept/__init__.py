@@ -17,6 +17,8 @@ functional-collective kernels     DTensor, TP, FSDP2's clip and compiled graphs'
 torch.distributed's names         the Python call: its async Work, its name, forms gloo sends  interpose.py
                                   as one op (coalesced, object collectives' pieces)
 module/optimizer/autograd hooks   iterations and phases (not comm)                            record/hooks.py
+dynamo's compile callbacks        torch's own names while torch.compile traces: a traced call compiling.py
+                                  becomes torch's functional collective, counted as it runs
 
 Why the Python wrappers stay above the backend: a backend sees a call's tensors and options but not its
 Python name (`all_gather_object`'s two all_gathers), not its async Work as the script waits on it (the wait

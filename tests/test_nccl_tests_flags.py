@@ -24,7 +24,6 @@ def one_error_line(proc) -> str:
 
 
 @pytest.mark.parametrize("nccl_tests,words", [
-    ("-b 8 -e 128M -f 2 -g 1", "-g 1: one GPU per rank: use --nproc N"),
     ("-b 8 -e 128M -f 2 -g 2", "-g 2: one GPU per rank: use --nproc 2"),
     ("-t 4 -g 1", "-t 4: one thread per rank: use --nproc 4"),
     ("-b 8 -e 1M -G 10", "-G 10: each op is issued by torch.distributed"),

@@ -1,8 +1,10 @@
 """nccl-tests' own spellings in `commprof bench`: the numbers of -a, `-r all`, -c's check count, and the flags
-of nccl-tests' threads-and-GPUs-per-process model, refused with one line that says what to use instead.
+of nccl-tests' threads-and-GPUs-per-process model: accepted where their value asks for what commprof does anyway
+(AS_HERE), refused otherwise with one line that says what to use instead.
 
     commprof bench all_reduce -b 8 -e 64K -f 2 -a 1 -c 1 -m 2 -z 0 -F out.csv --nproc 2   # all_reduce_perf's flags
     commprof bench broadcast -r all --nproc 2          # every rank in turn is the root, each its own rows
+    commprof bench all_reduce -b 8 -e 128M -f 2 -g 1   # -g 1, -t 1, -p 0, -N 1, -C 0, -G 0, …: what runs anyway
     commprof bench all_reduce -g 2                     # error: -g 2: one GPU per rank: use --nproc 2
 
 Exercised by: `pytest tests/test_nccl_tests_flags.py`.
@@ -49,6 +51,12 @@ REFUSED = {
 }
 """nccl-tests' flags that have no meaning here, and why, from the value given."""
 
+AS_HERE = {"-t": "1", "-g": "1", "-p": "0", "-N": "1", "-C": "0", "-R": "0", "-S": "0", "-M": "0", "-y": "0",
+           "-G": "0", "-D": "0"}
+"""The value of each of those flags that asks for what commprof does anyway (nccl-tests' default): one thread and one GPU per process, no parallel init, one cycle, CUDA events or host time
+as commprof chooses, no registration, timestamps, memory report, null stream, CUDA graph or device API. The
+common `all_reduce_perf -b 8 -e 128M -f 2 -g 1` runs as it is."""
+
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """-m, -z, -T, -J and the refused flags (-F is --csv's short form, in bench's own parser)."""
@@ -71,7 +79,7 @@ def refuse(args: argparse.Namespace) -> None:
     """UsageError naming the first refused flag given."""
     for options, why in REFUSED.items():
         value = getattr(args, _dest(options), None)
-        if value is not None:
+        if value is not None and value.strip() != AS_HERE.get(options[0]):
             shown = value if value.isprintable() and 0 < len(value) <= 40 else repr(value[:40])
             raise UsageError(f"{options[0]} {shown}: {why(value)}")
 

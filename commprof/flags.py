@@ -34,7 +34,10 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
     `timeout`: a word on --timeout of the command's own."""
     p.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, else gloo; mpi: ranks started "
                                                        "by mpiexec")
-    p.add_argument("--nproc", type=int, help=f"local ranks to start (default: {nproc})")
+    p.add_argument("--nproc", type=int, help=f"local ranks to start (default: {nproc}); at most 4 a core and what "
+                                               "the memory holds")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start more than 4 ranks a core (as mpirun's --oversubscribe; the memory bound stays)")
     p.add_argument("--timeout", type=float, default=TIMEOUT_S,
                    help=f"seconds a rank may wait on its peers (default {TIMEOUT_S:g}){timeout}")
     p.add_argument("--json", metavar="PATH", help=json)

@@ -24,7 +24,7 @@ from commprof import launch
 from commprof.backends import slots
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
-from commprof.world import World, bind_cores, discover, usable_cores
+from commprof.world import World, bind_cores, check_room, discover, usable_cores
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +84,11 @@ class Job(Protocol):
     def check_world(self, cfg: Config, world_size: int) -> None:
         """What depends on the world size; raises UsageError."""
 
+    def rank_bytes(self, cfg: Config) -> int:
+        """Host memory one rank's buffers will take beyond the rank itself (bench's, at its largest size), for
+        the launcher's check that the host holds the ranks (world.check_room); 0 when unknown."""
+        return 0
+
     def run_rank(self, cfg: Config, world: World, slots: int) -> int:
         """One rank, from start to exit code (every rank returns the job's code)."""
 
@@ -122,6 +127,8 @@ def _plan(command: Job, args: argparse.Namespace) -> tuple[Config, int, int]:
     have = slots(cfg.backend)
     nproc = command.local_ranks(cfg, have)
     command.check_world(cfg, nproc)
+    rank_bytes = getattr(command, "rank_bytes", None)  # a Job need not say (run, profile: their script's)
+    check_room(nproc, oversubscribe=args.oversubscribe, per_rank_bytes=rank_bytes(cfg) if rank_bytes else 0)
     return cfg, nproc, have
 
 

@@ -129,3 +129,45 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+RANKS_PER_CORE = 4
+"""Local ranks a core may carry before a job counts as asking for more than this host holds: 4 ranks a core
+still runs a correctness test (2 cores, 4 ranks here), and past it each rank's share of a core is too small for
+any timing to mean anything; --oversubscribe starts more on purpose."""
+RANK_BYTES = 280 << 20
+"""The private memory one rank needs before it has any buffer: an idle gloo rank of torch 2.14 on CPU holds
+280 MiB of its own (Private_Dirty of /proc/self/smaps_rollup; the rest of its 510 MiB resident set is libraries
+every rank shares)."""
+
+
+def available_memory() -> int | None:
+    """Bytes this host can still give its processes (MemAvailable), or None where /proc/meminfo says nothing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_room(nproc: int, *, oversubscribe: bool, per_rank_bytes: int = 0) -> None:
+    """Refuse to start `nproc` local ranks this host cannot hold: more than its memory holds at RANK_BYTES each
+    (plus `per_rank_bytes`, the buffers each will allocate), whatever is asked; more than RANKS_PER_CORE a core
+    unless `oversubscribe`. Raises UsageError before anything starts."""
+    memory = available_memory()
+    need = RANK_BYTES + per_rank_bytes
+    if memory is not None and nproc * need > memory:
+        each = f"{_gib(RANK_BYTES)} a rank" + (f" and {_gib(per_rank_bytes)} of buffers" if per_rank_bytes else "")
+        raise UsageError(f"{nproc} rank(s) need about {_gib(nproc * need)} ({each}) and this host has "
+                         f"{_gib(memory)} available: start fewer ranks, or ask for smaller buffers")
+    cores = usable_cores()
+    if nproc > RANKS_PER_CORE * cores and not oversubscribe:
+        raise UsageError(f"--nproc {nproc}: this host has {cores} core(s), room for {RANKS_PER_CORE * cores} ranks "
+                         f"({RANKS_PER_CORE} a core); --oversubscribe starts them anyway")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"

@@ -144,6 +144,7 @@ BENCH = (
     Flag(("--debug-dump",), PATHS),
     Flag(("--huge-pages",), None),
     Flag(("--bind-cores",), None),
+    Flag(("--oversubscribe",), None),
 )
 RUN = (
     Flag(("--strategy",), names(STRATEGIES)),
@@ -190,6 +191,7 @@ RUN = (
     Flag(("--debug-dump",), PATHS),
     Flag(("--huge-pages",), None),
     Flag(("--bind-cores",), None),
+    Flag(("--oversubscribe",), None),
     Flag(("--trace",), PATHS),
     Flag(("--torch-profiler",), PATHS),
     Flag(("--link-rate",), RATES),

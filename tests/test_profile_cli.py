@@ -4,6 +4,7 @@ output and exit code passed through, its failures shown once, and DDP/FSDP2 trai
 as the same script run without commprof."""
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -332,7 +333,11 @@ def test_the_first_rank_to_exit_non_zero_sets_the_jobs_code(tmp_path):
                       "dist.all_reduce(torch.ones(4))\n")
     proc = commprof("profile", "--nproc", "2", "--timeout", "60", str(script))
     assert proc.returncode == 5, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [f"commprof: error: rank 0: {script} exited with status 5"]
+    # whether rank 1 had reached its all_reduce when rank 0 claimed the failure is the script's own race: the
+    # line says so when it had not
+    (line,) = proc.stderr.strip().splitlines()
+    assert re.fullmatch(rf"commprof: error: rank 0: {re.escape(str(script))} exited with status 5"
+                        r"(; rank 1 was in no op)?", line), line
 
 
 def test_a_syntax_error_shows_as_python_shows_it(tmp_path):

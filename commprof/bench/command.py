@@ -188,6 +188,12 @@ class _Bench(lifecycle.Command):
             raise UsageError(f"--root {cfg.root} is outside 0..{smallest - 1}{within}")
 
     @staticmethod
+    def rank_bytes(cfg: BenchConfig) -> int:
+        """Host memory one rank's buffers take at the largest size: the input, the output and the check's
+        expected values, each at most -e bytes (nccl-tests' size is the larger buffer's); none on a GPU."""
+        return 0 if cfg.device == "cuda" else 3 * cfg.max_bytes
+
+    @staticmethod
     def without_comm(cfg: BenchConfig, world: World) -> bool:
         return False
 

@@ -53,9 +53,10 @@ REFUSED = {
 
 AS_HERE = {"-t": "1", "-g": "1", "-p": "0", "-N": "1", "-C": "0", "-R": "0", "-S": "0", "-M": "0", "-y": "0",
            "-G": "0", "-D": "0"}
-"""The value of each of those flags that asks for what commprof does anyway (nccl-tests' default): one thread and one GPU per process, no parallel init, one cycle, CUDA events or host time
-as commprof chooses, no registration, timestamps, memory report, null stream, CUDA graph or device API. The
-common `all_reduce_perf -b 8 -e 128M -f 2 -g 1` runs as it is."""
+"""The value of each of those flags that asks for what commprof does anyway (nccl-tests' default): one thread
+and one GPU per process, no parallel init, one cycle, CUDA events or host time as commprof chooses, no
+registration, timestamps, memory report, null stream, CUDA graph or device API. The common
+`all_reduce_perf -b 8 -e 128M -f 2 -g 1` runs as it is."""
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """Byte sizes in and out: '64K' -> 65536 for the CLI, 65536 -> '64 KiB' for labels; link rates in.
 
-K/M/G are binary (1024-based), as in nccl-tests' -b/-e. Exercised by: `pytest tests/unit/test_units_stats.py` and
+K/M/G/T are binary (1024-based), as in nccl-tests' -b/-e (T is commprof's: a size no host holds is refused
+before launch, world.check_room). Exercised by: `pytest tests/unit/test_units_stats.py` and
 `pytest tests/unit/test_cli_grammar.py`.
 """
 
@@ -23,7 +24,7 @@ def parse_size(text: str, flag: str | None = None) -> int:
     # ASCII: under IGNORECASE a Unicode pattern's K also matches the Kelvin sign, and \d any script's digits.
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE | re.ASCII)
     if not match:
-        raise UsageError(f"cannot read size {text!r}{of}: use a number of bytes with an optional K, M or G suffix")
+        raise UsageError(f"cannot read size {text!r}{of}: use a number of bytes with an optional K, M, G or T suffix")
     # Decimal, not float: a float turns a long digit string into inf and rounds past 2**53.
     size = Decimal(match.group(1)) * _UNITS[match.group(2).upper()]
     if size > MAX_SIZE:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from commprof.measurement import COLLECTIVES, P2P
+from commprof.report.files import write_atomic
 
 FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
 """Ops whose spans on every member of their group are joined by flow arrows: the collectives."""
@@ -128,7 +129,8 @@ def write_merged(directory: Path, per_rank: list[list[dict]], clocks: dict | Non
     path = directory / "trace.json"
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "commprof", "clock_sync": clocks}}
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    # whole or not at all, under its final name: a full disk leaves no truncated trace.json, and says which file
+    write_atomic(path, json.dumps(doc, separators=(",", ":")) + "\n", sync=False)
     return path
 
 

@@ -31,6 +31,12 @@ FLOATING = frozenset({"float32", "float16", "bfloat16", "float64"})
 ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16",
            "fp32": "float32", "fp16": "float16", "fp64": "float64"}
 """nccl-tests' and common short names, accepted for the torch ones."""
+NCCL_TESTS_ONLY_DTYPES = {
+    **{u: f"torch's {u} has no arithmetic on the CPU and no collective in commprof bench: use "
+          f"int{u[4:]} (the same bytes on the wire)" for u in ("uint32", "uint64")},
+    **{f: "fp8 has no torch.distributed collective in commprof bench: use bfloat16 or float16"
+       for f in ("fp8_e4m3", "fp8_e5m2")}}
+"""nccl-tests' -d names with no dtype here, and why."""
 REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 DEVICES = ("cpu", "cuda")
 """Where a job's tensors live (--device): gloo moves either; nccl CUDA tensors only; commprof's MPI path
@@ -58,6 +64,8 @@ def parse_dtypes(spec: str) -> list[str]:
     out = []
     for raw in spec.split(","):
         name = ALIASES.get(raw.strip(), raw.strip())
+        if name in NCCL_TESTS_ONLY_DTYPES:
+            raise UsageError(f"dtype {name}: {NCCL_TESTS_ONLY_DTYPES[name]}")
         if name not in DTYPES:
             raise UsageError(f"unknown dtype {raw!r}: choose from {', '.join(DTYPES)} or all")
         out.append(name)
@@ -70,6 +78,9 @@ def parse_ops(spec: str) -> list[str]:
         return list(REDUCE_OPS)
     ops = [op.strip() for op in spec.split(",")]
     for op in ops:
+        if op == "mulsum":
+            raise UsageError("reduce op mulsum: nccl-tests' mulsum is NCCL's PREMUL_SUM, which torch.distributed "
+                             "runs on NCCL alone and commprof bench does not: use sum, prod, min, max or avg")
         if op not in REDUCE_OPS:
             raise UsageError(f"unknown reduce op {op!r}: choose from {', '.join(REDUCE_OPS)} or all")
     return list(dict.fromkeys(ops))

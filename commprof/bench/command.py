@@ -88,12 +88,22 @@ def parse_algos(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(algos)) or (kernels.LIBRARY,)
 
 
+NCCL_TESTS_NAMES = {"alltoall": "all_to_all"}
+"""nccl-tests' names (its binaries' without `_perf`) where they differ from torch.distributed's."""
+
+
 def _collectives(args: argparse.Namespace, algos: tuple[str, ...]) -> list[str]:
     """The collectives named, or every one the algorithms implement; an algorithm named alone must
-    implement at least one of the collectives named."""
-    for name in args.collectives:
+    implement at least one of the collectives named. nccl-tests' names are taken: `alltoall`, and a binary's
+    name (`all_reduce_perf`)."""
+    names = []
+    for raw in args.collectives:
+        name = raw.removesuffix("_perf")
+        name = NCCL_TESTS_NAMES.get(name, name)
         if name not in COLLECTIVES:
-            raise UsageError(f"unknown collective {name!r}: choose from {', '.join(COLLECTIVES)}")
+            raise UsageError(f"unknown collective {raw!r}: choose from {', '.join(COLLECTIVES)}")
+        names.append(name)
+    args.collectives = names
     if kernels.LIBRARY in algos:
         return args.collectives or list(COLLECTIVES)
     has = {c for c, by_name in kernels.CATALOG.items() for a in algos if a in by_name}

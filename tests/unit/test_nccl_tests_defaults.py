@@ -29,3 +29,21 @@ def test_any_other_value_is_one_line(flag):
     got = check([*BASE, flag, other])
     assert got.code == 2 and got.stderr.count("\n") == 1, got.stderr
     assert got.stderr.startswith(f"commprof: error: {flag} {other}: "), got.stderr
+
+
+@pytest.mark.parametrize("theirs,ours", [("alltoall", "all_to_all"), ("all_reduce_perf", "all_reduce"),
+                                         ("alltoall_perf", "all_to_all")])
+def test_nccl_tests_names_of_collectives_are_taken(theirs, ours):
+    got = check(["bench", theirs, "--nproc", "2"])
+    assert got.code == 0 and got.config.collectives == (ours,), got.stderr
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["-d", "uint32"], "dtype uint32: torch's uint32 has no arithmetic"),
+    (["-d", "float,uint64"], "dtype uint64: "),
+    (["-d", "fp8_e5m2"], "dtype fp8_e5m2: fp8 has no torch.distributed collective"),
+    (["-o", "mulsum"], "reduce op mulsum: nccl-tests' mulsum is NCCL's PREMUL_SUM"),
+])
+def test_nccl_tests_names_without_a_meaning_here_are_one_line(argv, words):
+    got = check(["bench", "all_reduce", "--nproc", "2", *argv])
+    assert got.code == 2 and got.stderr.count("\n") == 1 and words in got.stderr, got.stderr

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from commprof import job
 from commprof.backends import YIELD_ENV, free_port, release_port
-from commprof.errors import UsageError
+from commprof.errors import CommprofError, UsageError
 from commprof.world import usable_cores
 
 GRACE_S = 3.0
@@ -76,11 +76,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             port = free_port()
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
                        LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
-            children = [
-                subprocess.Popen(shlex.split(wrapper.replace("{rank}", str(r))) + command,
-                                 env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                for r in range(nproc)
-            ]
+            children = _start(wrapper, command, env, nproc)
             code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s)
             release_port(port)
     finally:
@@ -91,6 +87,23 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
         finally:  # the job folder goes whatever the salvage met
             shutil.rmtree(folder, ignore_errors=True)
     return code
+
+
+def _start(wrapper: str, command: list[str], env: dict, nproc: int) -> list[subprocess.Popen]:
+    """Start the `nproc` ranks; when one cannot start (a wrapper that is not there), end those already started
+    before saying which could not: a failed launch leaves no rank behind."""
+    children: list[subprocess.Popen] = []
+    for r in range(nproc):
+        argv = shlex.split(wrapper.replace("{rank}", str(r))) + command
+        try:
+            children.append(subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}))
+        except OSError as exc:
+            for child in children:
+                child.kill()
+            for child in children:
+                child.wait()
+            raise CommprofError(f"cannot start rank {r} ({argv[0]}): {exc.strerror or exc}") from None
+    return children
 
 
 def find_mpiexec() -> str:

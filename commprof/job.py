@@ -126,6 +126,36 @@ def check_in(rank: int, world_size: int, *, timeout_s: float, poll_s: float = 0.
         time.sleep(poll_s)
 
 
+SHARED_MEMORY = "/dev/shm/"
+
+
+def note_shared_memory() -> None:
+    """Leave, in the job folder, the shared-memory files this process maps (MPICH's intranode segment,
+    /dev/shm/mpich_shm_*): a rank that dies or is killed leaves its segment behind (2 MiB each, never
+    reclaimed), and the launcher removes what its own ranks mapped once they are gone (shared_memory)."""
+    where = folder()
+    if where is None:
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            mine = sorted({line.split()[-1] for line in maps if f" {SHARED_MEMORY}" in line})
+    except OSError:
+        return
+    if mine:
+        (where / f"shm.{os.getpid()}").write_text("\n".join(mine) + "\n")
+
+
+def shared_memory(where: Path) -> list[str]:
+    """Every shared-memory file the job's ranks noted mapping."""
+    out: set[str] = set()
+    for path in where.glob("shm.*"):
+        try:
+            out.update(line for line in path.read_text().splitlines() if line.startswith(SHARED_MEMORY))
+        except OSError:
+            continue
+    return sorted(out)
+
+
 def pids(where: Path) -> dict[int, int]:
     """rank -> pid of every rank that checked in."""
     out = {}

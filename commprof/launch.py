@@ -85,8 +85,19 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             if code:
                 _salvage(folder, code, json_path, trace_dir)
         finally:  # the job folder goes whatever the salvage met
+            _remove_shared_memory(folder)
             shutil.rmtree(folder, ignore_errors=True)
     return code
+
+
+def _remove_shared_memory(folder: Path) -> None:
+    """The shared-memory files the job's ranks mapped (MPICH's segments: a clean MPI_Finalize removes its
+    own, a failed or interrupted job leaves them), removed once every rank is gone."""
+    for path in job.shared_memory(folder):
+        try:
+            os.unlink(path)
+        except OSError:  # removed by its own rank's MPI_Finalize, or not ours to remove
+            pass
 
 
 def _start(wrapper: str, command: list[str], env: dict, nproc: int) -> list[subprocess.Popen]:

@@ -202,6 +202,7 @@ def import_mpi():
     except (ImportError, RuntimeError) as exc:
         raise UsageError(f"no usable MPI library ({str(exc).splitlines()[0]}): install one, e.g. "
                          "pip install 'commprof[mpich]'") from None
+    job.note_shared_memory()  # MPI_Init has mapped the job's intranode segment: the launcher removes it after
     return MPI
 
 

@@ -75,7 +75,8 @@ def test_all_ops_and_dtypes_skip_what_the_backend_lacks(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["nonsense"], "unknown collective 'nonsense'"),
     (["-d", "float8"], "unknown dtype 'float8'"),
-    (["-o", "mulsum"], "unknown reduce op 'mulsum'"),
+    (["-o", "mulsum"], "reduce op mulsum: nccl-tests' mulsum is NCCL's PREMUL_SUM"),
+    (["-o", "xor"], "unknown reduce op 'xor'"),
     (["-b", "1M", "-e", "1K"], "-b 1048576 is larger than -e 1024"),
     (["-b", "12Q"], "cannot read size '12Q'"),
     (["-n", "0"], "-n 0 must be at least 1"),

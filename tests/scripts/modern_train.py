@@ -12,7 +12,9 @@ torchrun and under `commprof profile`:
                      torch.compile(fullgraph=True) function (dynamo makes them functional collectives)
 
 MODERN_DEVICE=cuda MODERN_BACKEND=nccl put the modes without a mesh on the GPU (benchmarks/gpu_checks.py's
-idioms step). Prints each rank's final loss as `rank R loss HEX` (float.hex: to the bit). `--count-gloo FILE`
+idioms step). `--mode` takes a comma list too, run one after another in one process group (compiled_autograd, which sets
+dynamo's global configuration, last). Prints each rank's final loss of each mode as `rank R MODE loss HEX`
+(float.hex: to the bit). `--count-gloo FILE`
 runs the whole script under torch.profiler and writes this rank's count of gloo's own events (`gloo:<op>`) to
 FILE.rankR: an independent count of every op the backend ran.
 """
@@ -57,11 +59,11 @@ def tp_plan(prefix=""):
             f"{prefix}w2": RowwiseParallel(output_layouts=Shard(1))}
 
 
-def build():
+def build(mode: str):
     """(model to call, parameters to step, the batch of step i, the loss of an output)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mode, ws = args.mode, int(os.environ["WORLD_SIZE"])
+    ws = int(os.environ["WORLD_SIZE"])
     torch.manual_seed(0)
     if mode == "mesh_tp":
         from torch.distributed.tensor.parallel import parallelize_module
@@ -86,7 +88,8 @@ def build():
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    dist.init_process_group(os.environ.get("MODERN_BACKEND", "gloo"))
+    if not dist.is_initialized():
+        dist.init_process_group(os.environ.get("MODERN_BACKEND", "gloo"))
     rank = dist.get_rank()
     batch = lambda i: torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(100 * i + rank)).to(device)  # noqa: E731
     loss = lambda out: out.pow(2).mean()  # noqa: E731
@@ -130,9 +133,14 @@ def compiled_sync(params):
 
 
 def main() -> None:
-    model, params, batch, loss_of = build()
+    for mode in args.mode.split(","):
+        train(mode)
+
+
+def train(mode: str) -> None:
+    model, params, batch, loss_of = build(mode)
     params = list(params)
-    sync = compiled_sync(params) if args.mode == "compiled_sync" else None
+    sync = compiled_sync(params) if mode == "compiled_sync" else None
     opt = torch.optim.SGD(params, lr=0.05)
     for i in range(args.steps):
         for m in model.modules():
@@ -144,7 +152,7 @@ def main() -> None:
             sync()
         opt.step()
         opt.zero_grad()
-    print(f"rank {dist.get_rank()} loss {loss.item().hex()}", flush=True)
+    print(f"rank {dist.get_rank()} {mode} loss {loss.item().hex()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -82,12 +82,15 @@ def summary_table(rows: list[dict]) -> Narrowing:
     for name in ("collective", "ranks", "type", "latency (us)", "latency size (B)", "peak busbw (GB/s)",
                  "peak size (B)", "n½ (B)", "#wrong", "slowest rank"):
         table.add_column(name, justify="left" if name in ("collective", "ranks", "type", "slowest rank") else "right")
+    ops = {row["redop"] for row in rows if row["redop"]}
     for row in rows:
         name = row["name"]
+        # under -o all (or -o sum,max) each reduction has its rows: the op beside the dtype tells them apart
+        kind = f"{row['dtype']} {row['redop']}" if len(ops) > 1 and row["redop"] else row["dtype"]
         peak = row["peak_busbw_GBps"]
         s = row["slowest"]
         late = "" if s is None else f"{s['rank']} (+{s['over_pct']:.0f} % in {s['rows']} of {s['of']} sizes)"
-        table.add_row(name, row["ranks"], row["dtype"], f"{row['latency_us']:.2f}", str(row["latency_nbytes"]),
+        table.add_row(name, row["ranks"], kind, f"{row['latency_us']:.2f}", str(row["latency_nbytes"]),
                       "n/a" if peak is None else f"{peak:.3f}", _size(row["peak_nbytes"]),
                       _size(row["half_peak_nbytes"]), str(row["wrong"]), late)
     return Narrowing(table, ("type", "ranks", "latency size (B)"))

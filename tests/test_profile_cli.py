@@ -5,14 +5,13 @@ as the same script run without commprof."""
 
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from invariants import check_run
-from spawn import commprof, env_for_tests, spawn
+from spawn import commprof, spawn
 
 from commprof.intercept import seen
 
@@ -297,30 +296,6 @@ def test_what_reaches_the_backend_by_other_ways_is_counted_once(tmp_path):
     assert outside(doc) == {"all_reduce": (3 * 2, 3 * (16 + 8)), "all_gather": (3, 3 * 3 * 8),
                             "reduce_scatter": (3, 3 * 3 * 12), "broadcast (ranks0-1)": (3, 3 * 32),
                             "send": (3, 3 * 12), "all_reduce (rank0)": (3, 3 * 20)}
-
-
-COMPILED = """\
-import torch, torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
-dist.init_process_group()
-
-@torch.compile(backend="inductor")
-def step(x):
-    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
-
-for _ in range(3):
-    assert step(torch.ones(16)).tolist() == [2.0 * dist.get_world_size() + 1] * 16
-dist.destroy_process_group()
-"""
-
-
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="inductor on CPU compiles C++")
-def test_an_all_reduce_inside_a_compiled_graph_is_counted(tmp_path):
-    env = env_for_tests(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # compiled here, not read back
-    doc, _ = profiled(tmp_path, COMPILED, 2, env=env)
-    assert doc["unseen"] == {}
-    assert doc["outside_iterations"] == {"all_reduce": {"calls": 3, "payload_bytes": 3 * 64, "wire_bytes": 3 * 64}}
 
 
 def test_the_first_rank_to_exit_non_zero_sets_the_jobs_code(tmp_path):

@@ -22,10 +22,11 @@ GLOO_NAMES = {"reduce_scatter": "all_reduce"}
 """commprof's op name → gloo's event name where they differ: gloo runs reduce_scatter_tensor as an all_reduce
 (ProcessGroupGloo's `_reduce_scatter_base`) and its event is named for it."""
 
-MODES = [("mesh_tp", 2, "commprof"), ("fsdp_tp", 4, "torchrun"),
+MODES = [("fsdp_tp", 4, "torchrun"),
          ("compile_ddp,ddp_static,ddp_unused,compiled_sync,compile_fsdp,compiled_autograd", 2, "commprof")]
 """The modes, and the ranks and launcher of each job: modes on one default group share a job (one start-up,
-one dynamo import), compiled_autograd last (it sets dynamo's global configuration)."""
+one dynamo import), compiled_autograd last (it sets dynamo's global configuration). fsdp_tp's mesh, made by
+init_device_mesh alone, is mesh_tp's too (TP + SP inside each unit): mesh_tp alone runs by hand."""
 
 
 def losses(stdout: str) -> list[str]:

@@ -9,7 +9,7 @@ library that imported it before commprof rebound the name. Every one of them end
 `_update_default_pg(pg)`, which it looks up at call time: wrapped here, the group is adopted — watched, traced,
 gathered from at the end — however it was made.
 
-Exercised by: `pytest tests/test_profile_compiled.py` (its mesh_tp and fsdp_tp modes).
+Exercised by: `pytest tests/test_profile_compiled.py` (its fsdp_tp mode: a 2-D mesh from init_device_mesh alone).
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ def worker(turns: int, warmup: int, model_name: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commprof.intercept import ddp_reducer, interpose
+    from commprof.intercept.interposer import Interposer
     from commprof.record import hooks
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder
@@ -66,7 +67,7 @@ def worker(turns: int, warmup: int, model_name: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    interposer = interpose.Interposer(OpRecorder(CpuClock()))
+    interposer = Interposer(OpRecorder(CpuClock()))
     comm = interposer.comm(None)
 
     def model():

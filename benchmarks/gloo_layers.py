@@ -57,7 +57,7 @@ def measure(turns: int) -> dict:
     from torch.distributed import distributed_c10d as c10d
 
     from commprof.backends import free_port
-    from commprof.intercept import interpose
+    from commprof.intercept.interposer import Interposer
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder
 
@@ -68,7 +68,7 @@ def measure(turns: int) -> dict:
     recorder, idle = OpRecorder(CpuClock()), OpRecorder(CpuClock())
     comm, noop = comm_over(c10d, recorder), comm_over(c10d, idle)
     noop._all_reduce = lambda tensor, op, output, async_op: None
-    interposer = interpose.Interposer(recorder)
+    interposer = Interposer(recorder)
     interposer.adopt(comm)
     pg, opts = c10d._get_default_group(), c10d.AllreduceOptions()
     opts.reduceOp = c10d.ReduceOp.SUM

@@ -14,8 +14,9 @@ the groups torch makes            the default group, however made (init_process_
                                   any name, DeviceMesh's own): `on_default_group`
 DDP's reducer group               bucket all-reduces, as async ops the reducer waits on       ddp_reducer.py
 functional-collective kernels     DTensor, TP, FSDP2's clip and compiled graphs' collectives  functional.py
-torch.distributed's names         the Python call: its async Work, its name, forms gloo sends  interpose.py
-                                  as one op (coalesced, object collectives' pieces)
+torch.distributed's names         the Python call: its async Work, its name, forms gloo sends  interpose.py,
+                                  as one op (coalesced, object collectives' pieces)           interposer.py,
+                                                                                              work.py
 module/optimizer/autograd hooks   iterations and phases (not comm)                            record/hooks.py
 dynamo's compile callbacks        torch's own names while torch.compile traces: a traced call compiling.py
                                   becomes torch's functional collective, counted as it runs
@@ -30,7 +31,7 @@ Exercised by: `pytest tests/test_profile_compiled.py tests/test_profile_cli.py`.
 
 from __future__ import annotations
 
-from commprof.intercept import ddp_reducer, functional, groups, interpose, seen
+from commprof.intercept import ddp_reducer, functional, groups, interpose, interposer, seen
 from commprof.record import hooks
 
 
@@ -47,7 +48,7 @@ class Interception:
         """Route DDP's reducer through Comm (`--no-ddp-reducer` turns it off: buckets then reach the backend)."""
         self.on_default_group = on_default_group
         """Called with the default process group once torch has made it, however the script made it."""
-        self.interposer: interpose.Interposer | None = None
+        self.interposer: interposer.Interposer | None = None
         self.tracker: hooks.Tracker | None = None
 
     def __enter__(self) -> Interception:

@@ -28,8 +28,9 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm.torch_own import own
-from commprof.intercept.interpose import Work, one_dtype
+from commprof.intercept.interposer import one_dtype
 from commprof.intercept.opaque import opaque
+from commprof.intercept.work import Work
 
 _REDUCE = {"sum": "sum", "avg": "avg", "product": "prod", "min": "min", "max": "max"}
 """Functional reduce-op names → Comm's."""

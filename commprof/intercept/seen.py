@@ -31,8 +31,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof.comm import torch_own
 from commprof.comm.gloo_comm import GLOO_BEHIND
-from commprof.intercept.interpose import _OPS, Work
+from commprof.intercept.interposer import _OPS
 from commprof.intercept.opaque import opaque
+from commprof.intercept.work import Work
 
 try:
     from torch._C._distributed_c10d import Backend

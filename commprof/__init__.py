@@ -27,8 +27,9 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   perfmodel/                               the models below every analysis: α–β fits, fabrics, a traced
                                            iteration as a program, its replay at N ranks
   findings/                                what made a traced job wait, ranked by what it costs a step
-  netns, launch, lifecycle                 a local MPI job's own network; the launcher; the job's life
-                                           cycle every command runs through
+  netns, launch, lifecycle, kept           a local MPI job's own network; the launcher; the job's life
+                                           cycle every command runs through; rank 0's results kept as
+                                           the job goes
   bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
                                            predict: a traced iteration replayed at N ranks
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs

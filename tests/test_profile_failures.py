@@ -4,11 +4,15 @@ own traceback or exit status — under commprof's launcher, mpiexec and torchrun
 and COMMPROF_FAULT. Real gloo ranks, unchanged scripts (tests/scripts/, or written here)."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from spawn import _run, commprof, env_for_tests
+from spawn import _run, commprof, env_for_tests, kill_session
 
 SCRIPTS = Path(__file__).with_name("scripts")
 DDP = str(SCRIPTS / "ddp_train.py")
@@ -82,6 +86,45 @@ def test_a_crash_keeps_what_rank_0_measured(tmp_path):
     assert doc["steps"]["found"] == 6 and [it["step"] for it in doc["iterations"]] == [4, 5]
     assert all(it["rank"] == 0 and it["wall_ms"] > 0 for it in doc["iterations"])
     assert "time per iteration" in proc.stdout and "incomplete: rank 0's 2 measured iteration(s) only" in proc.stdout
+
+
+def test_rank_0_killed_leaves_what_it_had_measured(tmp_path):
+    # the file holds rank 0's report from its first measured iteration on: a rank 0 killed outright (nothing of
+    # it runs to save anything) leaves it, and the launcher marks it with the job's verdict
+    out = tmp_path / "out.json"
+    proc = commprof("profile", "--nproc", "2", "--warmup", "1", "--timeout", TIMEOUT, "--json", str(out), "--", DDP,
+                    "--steps", "12", env=env_for_tests(COMMPROF_FAULT="die:rank=0:op=all_reduce:seq=8"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert one_line(proc) == "rank 0 was killed by SIGKILL"
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "rank 0 was killed by SIGKILL"
+    steps = [it["step"] for it in doc["iterations"]]
+    assert steps and steps == list(range(1, 1 + len(steps))) and steps[-1] <= 6, steps
+    assert doc["summary"]["wall_ms"] > 0 and doc["volume"]["all_reduce (world)"]["calls_per_step"] == 1
+
+
+def test_ctrl_c_prints_and_keeps_what_rank_0_measured(tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--warmup", "1",
+                             "--timeout", TIMEOUT, "--json", str(out), "--", DDP, "--steps", "100000"],
+                            env=env_for_tests(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists() and time.monotonic() < deadline:  # the first measured iteration is kept
+            time.sleep(0.05)
+        assert out.exists()
+        os.killpg(proc.pid, signal.SIGINT)  # launcher and ranks alike, as Ctrl-C does
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "interrupted" and doc["ranks_reported"] == [0]
+    measured = len(doc["iterations"])
+    assert measured >= 1 and "time per iteration" in stdout
+    assert f"incomplete: rank 0's {measured} measured iteration(s) only: interrupted" in stdout
 
 
 def test_under_torchrun_the_traceback_shows_once_and_the_failing_rank_is_the_root_cause(tmp_path):

@@ -25,11 +25,7 @@
                 between hosts) on the bus, among those whose bytes take at least LINK_MIN_US on it (below,
                 latency rules: latency_bound's kind); evidence: each such op (name, group, size) with its
                 bus bandwidth and fraction of its link. Without it: each costs its bytes at the link's rate.
-  bubble        a pipeline (`run`'s pipeline strategies) idling beyond its schedule's own bubble, the
-                fraction f = (p − 1)/(m + p − 1) of p stages and m micro-batches: with the stages' work
-                (schedule − bubble) split evenly, the longest schedule would be mean work / (1 − f); the
-                excess over that is its cost (unequal stages, or point-to-point latency). Without it: the
-                step less that excess. From the run's own figures: no trace needed (`bubble(pipeline, step)`).
+  bubble, host  from the job's own figures, no trace needed: findings/figures.py.
 
 A finding below THRESHOLD of the step is not reported: a balanced job reports no straggler or imbalance.
 
@@ -214,39 +210,6 @@ def _link(m: Measured, a: Analysis, link: Fabric) -> list[dict]:
                                                       "fabric": link.as_record(), "ops": ops})]
 
 
-def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOLD) -> list[dict]:
-    """The bubble finding of a run's "pipeline" block (run/pipeline_figures.py), [] below `threshold` of the
-    step or for a run that is not a pipeline."""
-    if not pipeline or step_ms <= 0:
-        return []
-    f = pipeline["predicted_bubble_fraction"]
-    stages = pipeline["per_stage"]
-    work = [s["schedule_ms"] - s["bubble_ms"] for s in stages]
-    longest = max(s["schedule_ms"] for s in stages)
-    cost = max(0.0, longest - sum(work) / len(work) / (1 - f))
-    if cost < threshold * step_ms:
-        return []
-    idle = max(stages, key=lambda s: s["bubble_fraction"])
-    return [{"kind": "bubble", "stage": idle["stage"], "rank": idle["rank"], "ms_per_step": cost,
-             "share_of_step": cost / step_ms, "step_ms_without": step_ms - cost,
-             "evidence": {"stages": pipeline["stages"], "micro_batches": pipeline["micro_batches"],
-                          "schedule": pipeline["schedule"], "predicted_fraction": f,
-                          "fraction_by_stage": {s["stage"]: s["bubble_fraction"] for s in stages},
-                          "work_ms_by_stage": {s["stage"]: w for s, w in zip(stages, work)}}}]
-
-
-def with_bubble(block: dict | None, pipeline: dict | None, step_ms: float) -> dict | None:
-    """A findings block (of_trace's; None where the run has no trace to read) with the bubble finding in its
-    place; a pipeline run without a trace gets a block of that finding alone, which says so."""
-    found = bubble(pipeline, step_ms, threshold=block["threshold"] if block else THRESHOLD)
-    if block is None:
-        return None if not pipeline else {"threshold": THRESHOLD, "items": found,
-                                          "scope": "the pipeline's bubble only: the other kinds read a trace"}
-    if block.get("items") is None:
-        return block
-    return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
-
-
 def by_rank(a: Analysis) -> list[dict]:
     """Each rank's step split by cause (medians over the measured iterations): its own time, its waits for
     each peer, its exposed transfer, and its wall — what the causes plot draws (report/cause_plot.py)."""
@@ -265,7 +228,7 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | Non
         m = load(directory)
         a = analyze(m)
         block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
-                 "by_rank": by_rank(a)}
+                 "by_rank": by_rank(a), "step_ms": a.step_ms}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it

@@ -1,12 +1,13 @@
 """The measured step with one cause taken away: every iteration replayed (perfmodel/replay.py, at the measured
-rank count) once as measured and once edited, each op costing the transfer time it took once all its
-parties were there, and each rank starting when it started (the replay's ranks otherwise start together).
-Per iteration, the step without the cause is the measured step less what the edit saved in the replay; the
-figure is the median over iterations. Taking the difference keeps what the replay does not model (the
-runtime's own overheads) out of the answer. Without a straggler, the ops it made late cost what the same ops
-took where their parties met together (aligned_costs): in the measured iterations, or in the aligned warm-up
-iterations (record/aligned.py), which a rank late at every step leaves as the only ones; where none did, the
-step without is a lower bound.
+rank count) once as measured and once edited, each op costing the transfer time it took once all its parties
+were there, and each rank starting when it started (the replay's ranks otherwise start together). Per
+iteration, the step without the cause is the measured step less what the edit saved in the replay (never less
+than nothing); the figure is the median over iterations, so never above the measured step (the median over the
+same iterations of the slowest rank's wall, the findings' "step"). Taking the difference keeps what the replay
+does not model (the runtime's own overheads) out of the answer. Without a straggler, the ops it made late cost
+what the same ops took where their parties met together (aligned_costs): in the measured iterations, or in the
+aligned warm-up iterations (record/aligned.py), which a rank late at every step leaves as the only ones; where
+none did, the step without is a lower bound.
 
     commprof profile --nproc 2 --trace t/ --json p.json -- train.py     (each finding's "step_ms_without")
 
@@ -90,7 +91,9 @@ def step_without(m: Measured, analysis: Analysis, *, edit: Edit | None = None,
         lags = _lags(programs)
         base = replay(_as_measured(programs, lags, base_cost), base_cost)[0]
         edited = replay(_as_measured(edit(programs) if edit else programs, lags, cost), cost)[0]
-        out.append(max(p.wall_ms for p in programs) - (base - edited))
+        # a cause taken away never lengthens an iteration: an edited replay that ends later (an op priced as
+        # it took aligned costing more than it took late) saves nothing there
+        out.append(max(p.wall_ms for p in programs) - max(0.0, base - edited))
     return max(0.0, median(out))
 
 

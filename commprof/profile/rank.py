@@ -36,6 +36,7 @@ from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
 from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.intercept import Interception
+from commprof.kept import Kept
 from commprof.lifecycle import RankLife
 from commprof.profile import ending
 from commprof.record.clock import CpuClock, CudaClock
@@ -131,7 +132,10 @@ class Session:
         world.timeout_s = self._timeout_s
         world.control = _control_plane(world)
         rank = self.life.begin(world, backend=c10d.get_backend(pg))
-        rank.on_failure(self._salvage)
+        if self.world.rank == 0:
+            kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
+            rank.on_failure(kept.abandon)
+            self.tracker.on_end = kept.update
 
     def _own_store(self) -> bool:
         """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
@@ -159,7 +163,8 @@ class Session:
         except CommprofError as exc:
             self._fail(exc)
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            self.life.__exit__(KeyboardInterrupt, exc, None)  # what was measured kept, as bench and run keep it
             return 130
         except Exception as exc:
             failed = ending.comm_failure(exc, self.recorder)
@@ -207,11 +212,9 @@ class Session:
         if self.life.watchdog is not None and self.gathered is None:
             self.life.watchdog.fail(err, say=say)
 
-    def _salvage(self, code: int, message: str) -> None:
-        """Rank 0's iterations so far, printed and in --json, marked incomplete: the failure ends the job
-        before every rank's figures can be gathered."""
-        if self.world.rank != 0:
-            return
+    def _incomplete(self, reason: str) -> dict:
+        """Rank 0's report so far, marked incomplete: a failure may end the job before every rank's figures are
+        gathered."""
         from commprof.profile.results import partial
 
         t = self.tracker
@@ -222,13 +225,13 @@ class Session:
                         local_world_size=self.world.local_world_size, slots=have,
                         oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
                         clock=self.recorder.clock.kind, argv=["commprof", *self.cfg.out.argv])
-        doc = partial(self.cfg, mine, env, reason=message)
+        return partial(self.cfg, mine, env, reason=reason)
+
+    def _show_incomplete(self, doc: dict, reason: str) -> None:
         if doc.get("summary") is not None:
             self._print(doc)
-            sys.stdout.write(f"incomplete: rank 0's {len(mine['iterations'])} measured iteration(s) only: "
-                             f"{message}\n")
-        if self.cfg.out.json:
-            files.write_result(self.cfg.out.json, doc)
+            sys.stdout.write(f"incomplete: rank 0's {len(doc['iterations'])} measured iteration(s) only: "
+                             f"{reason}\n")
 
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
@@ -253,9 +256,10 @@ class Session:
         from commprof.profile.results import combine
 
         doc = combine(self.cfg, results, env)
+        from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 
-        doc["findings"] = of_trace(self.life.folder.path, link=self.cfg.link)
+        doc["findings"] = with_figures(of_trace(self.life.folder.path, link=self.cfg.link), doc)
         self._print(doc)
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})

@@ -53,6 +53,8 @@ class Tracker:
         is the device's timeline, as `commprof run` splits it."""
         self.progress = None
         """A StepProgress (report/progress.py) that sees every iteration end, on rank 0's terminal."""
+        self.on_end = None
+        """Called after every measured iteration (rank 0 keeps its results as they grow: commprof/kept.py)."""
         self.iterations: list[dict] = []
         """Measured iterations, in `commprof run`'s per-iteration form."""
         self.volumes: list[dict] = []
@@ -96,12 +98,7 @@ class Tracker:
         split = self.phases.end()
         if self.index >= self.warmup:
             self._ended_ns = time.perf_counter_ns()
-            self.iterations.append({
-                "step": self.index, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
-                "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
-                "exposed_comm_ms": split.exposed_comm_ns * MS, "overlap_ms": split.overlap_ns * MS,
-                "bubble_ms": split.bubble_ns * MS, "schedule_ms": split.schedule_ns * MS,
-                "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
+            self.iterations.append({"step": self.index, **split.figures()})
             self.volumes.append(step_volume(self.phases.ops()))
         else:
             self.outside += self.phases.ops()
@@ -111,6 +108,8 @@ class Tracker:
         self.index += 1
         if self.progress is not None:
             self.progress.advance(split.wall_ns * MS)
+        if self.on_end is not None and self.index > self.warmup:
+            self.on_end()
         self.open = False
 
     def _take_outside(self) -> None:

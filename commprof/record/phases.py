@@ -12,13 +12,14 @@ Per iteration (docs/design.md's measurement model):
     overlap  = |compute ∩ comm|
     exposed  = |union of blocked spans of collectives|     (time the training thread waited on comm)
     bubble   = |union of blocked spans of send/recv|       (a pipeline stage idle on its neighbour)
+    other    = wall − |data ∪ compute ∪ exposed ∪ bubble|  (host work in no phase: clipping, logging, …)
     overlap% = overlap / comm
 
 A blocking point-to-point op cannot tell the neighbour's lateness from the transfer itself, so bubble
 includes the (small) transfer of the activation; strategies without send/recv have no bubble. An async
 op waited on while still in flight completes when the wait returns, as a blocking op does (comm/base.py,
 Handle), so every blocked span lies inside its op's comm span: exposed ≤ comm, and data + compute +
-exposed + bubble ≤ wall, on every iteration (tests/invariants.py checks them).
+exposed + bubble + other = wall, on every iteration (tests/invariants.py checks them).
 
 Exercised by: `pytest tests/unit/test_breakdown.py tests/test_phases.py`.
 """
@@ -54,6 +55,19 @@ class Breakdown(NamedTuple):
     """|union of comm spans| per group label ("world", "dp", "pp 0→1", "tp", …)."""
     schedule_ns: int = 0
     """First start to last end of forward/backward phases and send/recv: a pipeline's schedule."""
+    other_ns: int = 0
+    """What no other column holds: the host's own work between the phases (a batch fetched outside a data
+    phase, gradient clipping, logging, a sleep) — wall minus the union of data, compute, exposed and bubble,
+    so that the four and it sum to wall."""
+
+    def figures(self) -> dict:
+        """The iteration's figures in ms, as every command's per-iteration record holds them."""
+        ms = 1e-6
+        return {"wall_ms": self.wall_ns * ms, "data_ms": self.data_ns * ms, "compute_ms": self.compute_ns * ms,
+                "comm_ms": self.comm_ns * ms, "exposed_comm_ms": self.exposed_comm_ns * ms,
+                "overlap_ms": self.overlap_ns * ms, "bubble_ms": self.bubble_ns * ms,
+                "other_ms": self.other_ns * ms, "schedule_ms": self.schedule_ns * ms,
+                "comm_by_group_ms": {g: v * ms for g, v in (self.comm_by_group_ns or {}).items()}}
 
 
 def union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -118,13 +132,14 @@ def breakdown(*, start: int, end: int, phases: list[tuple[str, int, int]], ops: 
     edges = [(a, b) for name, a, b in phases if name in ("forward", "backward")]
     edges += [(op[START], op[END]) for op in ops if op[NAME] in BUBBLE_P2P]
     schedule = max(b for _, b in edges) - min(a for a, _ in edges) if edges else 0
+    accounted = intersect(union([*data, *compute, *exposed, *bubble]), [(start, end)])
     groups = {}
     for label in sorted({op[GROUP] for op in ops}):
         groups[label] = length(union([(op[START], op[END]) for op in ops if op[GROUP] == label]))
     return Breakdown(wall_ns=end - start, data_ns=length(data), compute_ns=length(compute),
                      comm_ns=length(comm), overlap_ns=length(intersect(compute, comm)),
                      exposed_comm_ns=length(exposed), bubble_ns=length(bubble), comm_by_group_ns=groups,
-                     schedule_ns=schedule)
+                     schedule_ns=schedule, other_ns=max(0, end - start - length(accounted)))
 
 
 class Span:

@@ -65,7 +65,10 @@ class TraceRecorder:
         self._buf: list = []
         self._stack: list[tuple] = []
         self._tid = threading.get_native_id()
-        self._threads: dict[str, int] = {}
+        self._threads: dict[tuple, int] = {}
+        """(thread name, slot) -> tid."""
+        self._ends: dict[str, list[int]] = {}
+        """Per comm thread name: when the last span of each of its tracks ends (_track)."""
         self._prefixes: dict = {}
         self._op_heads: dict = {}
         self._seq: dict[tuple, int] = {}
@@ -83,6 +86,7 @@ class TraceRecorder:
                     "args": {"name": f"rank {rank} ({mine['host']})"}})
         self._emit({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
         self._emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": self._tid, "args": {"name": "training"}})
+        self._emit({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": self._tid, "args": {"sort_index": 0}})
         self._emit({"name": "clock_sync", "ph": "M", "pid": pid, "tid": 0, "args": {**mine, "world_size": world_size}})
         with self._lock:
             self._write([])  # on disk now: a rank killed before its first flush still leaves a loadable file
@@ -150,13 +154,32 @@ class TraceRecorder:
         self._end += len(data) - len(CLOSE)
         self._written += len(events)
 
-    def _thread(self, name: str, members: list[int] | None = None) -> int:
-        tid = self._threads.get(name)
+    def _thread(self, name: str, members: list[int] | None = None, slot: int = 0) -> int:
+        tid = self._threads.get((name, slot))
         if tid is None:
-            tid = self._threads[name] = 1_000_000 + len(self._threads)
+            tid = self._threads[(name, slot)] = 1_000_000 + len(self._threads)
             args = {"name": name} if members is None else {"name": name, "members": list(members)}
+            if slot:
+                args["slot"] = slot
             self._emit({"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid, "args": args})
+            # a group's tracks side by side, in slot order, whenever each was first needed
+            first = self._threads[(name, 0)] if (name, 0) in self._threads else tid
+            self._emit({"name": "thread_sort_index", "ph": "M", "pid": self.pid, "tid": tid,
+                        "args": {"sort_index": (first - 1_000_000 + 1) * 64 + slot}})
         return tid
+
+    def _track(self, name: str, members: list[int], t0: int, t1: int) -> int:
+        """The track of an op span [t0, t1] of thread `name`: its first track whose last span ended by t0, else
+        a new one. Ops in flight at once on one group (a DDP bucket issued while the last one runs, FSDP's
+        prefetched all_gathers) overlap partly, and viewers drop slices that overlap partly on one track: each
+        gets a track of its own, all named `name` (the slot in the thread's args)."""
+        ends = self._ends.setdefault(name, [])
+        for slot, end in enumerate(ends):
+            if end <= t0:
+                ends[slot] = t1
+                return self._thread(name, members, slot)
+        ends.append(t1)
+        return self._thread(name, members, len(ends) - 1)
 
     def flush(self, final: bool = False) -> None:
         """Format what is buffered and add it to the file. Events are written as JSON text built
@@ -180,7 +203,7 @@ class TraceRecorder:
         for what, t0, t1 in streamed:
             if what[0] == "op":
                 _, entry, members = what
-                tid = self._thread(f"stream: comm ({entry[GROUP]})", members)
+                tid = self._track(f"stream: comm ({entry[GROUP]})", members, t0, t1)
                 self._op_span(entry, tid, self._us(t0), (t1 - t0) / 1e3, out)
             else:
                 label = what[1]
@@ -216,7 +239,8 @@ class TraceRecorder:
     def _op_events(self, entry: tuple, clock, members: list[int], out: list) -> None:
         if clock.kind == "cuda" and not entry[HOST]:
             return  # CUDA-event stamps, with no stream spans to place them on
-        self._op_span(entry, self._thread(f"comm ({entry[GROUP]})", members), self._us(entry[START]),
+        tid = self._track(f"comm ({entry[GROUP]})", members, entry[START], entry[END])
+        self._op_span(entry, tid, self._us(entry[START]),
                       (entry[END] - entry[START]) / 1e3, out)
 
     def _op_span(self, entry: tuple, tid: int, ts: float, dur: float, out: list) -> None:

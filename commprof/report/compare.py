@@ -19,7 +19,7 @@ from commprof.report.files import write_atomic, write_result
 from commprof.report.fit import Narrowing, results_console
 from commprof.report.units import format_bytes
 
-RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms",
+RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms", "other_ms",
                "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
                "predicted_payload_bytes_per_step", "payload_bytes_per_epoch", "peak_mem_bytes", "final_loss",
                "steps_to_threshold", "speedup", "efficiency", "baseline", "error")
@@ -32,9 +32,11 @@ def run_row(run: dict) -> dict:
     if doc is None:
         return row
     s, volume = doc["summary"], doc["volume"].values()
+    row["caveat"] = caveat(doc.get("env") or {})
     # a profile's summary has no throughput without --global-batch, and no epoch or metrics: left empty
     row.update({k: s.get(k) for k in ("wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct",
-                                      "bubble_ms", "throughput", "throughput_unit", "epoch_s", "peak_mem_bytes")})
+                                      "bubble_ms", "other_ms", "throughput", "throughput_unit", "epoch_s",
+                                      "peak_mem_bytes")})
     row["payload_bytes_per_step"] = sum(v["payload_bytes_per_step"] for v in volume)
     predicted = [v.get("predicted_payload_bytes_per_step") for v in volume]
     row["predicted_payload_bytes_per_step"] = None if None in predicted else sum(predicted)
@@ -60,6 +62,7 @@ def run_rows(runs: list[dict]) -> list[dict]:
             row["speedup"] = row["throughput"] / base["throughput"]
             row["efficiency"] = row["speedup"] / _ranks(run)
             row["baseline"] = base["label"]
+            row["baseline_caveat"] = base.get("caveat")
     return rows
 
 
@@ -90,18 +93,34 @@ RUN_HEADS = ("configuration", "wall ms", "compute ms", "comm ms", "exposed ms", 
 """The comparison table's columns, in the terminal and in Markdown."""
 
 
+def caveat(env: dict) -> str | None:
+    """What makes a configuration's times measure more than the job: its ranks oversubscribed the cores, or
+    other processes used them meanwhile (record/contention.py); None when neither."""
+    said = []
+    if env.get("oversubscribed"):
+        said.append(f"oversubscribed {env.get('ranks_per_host')} ranks on {env.get('slots_per_host')} cores")
+    if (env.get("contention") or {}).get("contended"):
+        said.append(f"contended {env['contention']['others_cores']:.1f} cores")
+    return "; ".join(said) or None
+
+
 def run_cells(r: dict) -> list[str]:
-    """One row's cells under RUN_HEADS (a failed run: its error in the second)."""
+    """One row's cells under RUN_HEADS (a failed run: its error in the second). A configuration whose times
+    measured more than the job says so beside its name, and a speed-up over or against it is marked `?`: a
+    figure built on such times misleads (an oversubscribed baseline made a 24.7× "speed-up")."""
     if r["error"]:
         return [r["label"], f"failed: {r['error']}", *[""] * (len(RUN_HEADS) - 2)]
-    return [r["label"], _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
+    doubt = "?" if r.get("caveat") or r.get("baseline_caveat") else ""
+    label = f"{r['label']} ({r['caveat']})" if r.get("caveat") else r["label"]
+    return [label, _n(r["wall_ms"]), _n(r["compute_ms"]), _n(r["comm_ms"]), _n(r["exposed_comm_ms"]),
             _n(r["overlap_pct"], 1), _n(r["bubble_ms"]),
             " ".join(filter(None, (_n(r["throughput"], 1), r["throughput_unit"]))),
             _n(r["epoch_s"], 1), format_bytes(r["payload_bytes_per_step"]),
             _predicted(r["payload_bytes_per_step"], r["predicted_payload_bytes_per_step"]),
             format_bytes(r["payload_bytes_per_epoch"]), format_bytes(r["peak_mem_bytes"]), _n(r["final_loss"], 4),
             "—" if r["steps_to_threshold"] is None else str(r["steps_to_threshold"]),
-            _n(r["speedup"]), _n(r["efficiency"])]
+            _n(r["speedup"]) + (doubt if r["speedup"] is not None else ""),
+            _n(r["efficiency"]) + (doubt if r["efficiency"] is not None else "")]
 
 
 def _predicted(measured: int, predicted: int | None) -> str:
@@ -125,6 +144,10 @@ def run_table(rows: list[dict], title: str = "grid") -> Narrowing:
         if r["error"]:
             cells[1] = f"[red]{cells[1]}[/red]"
         table.add_row(*cells)
+    if any(r.get("caveat") or r.get("baseline_caveat") for r in rows if not r["error"]):
+        table.caption = ("?: a speed-up or efficiency over or of a configuration whose times measured more than "
+                         "the job (oversubscribed or contended, named beside it)")
+        table.caption_justify = "left"
     return Narrowing(table, RUN_NARROW_DROP)
 
 
@@ -136,6 +159,9 @@ def run_markdown(rows: list[dict]) -> str:
     if any(r.get("baseline") for r in rows):
         lines += ["", "Speed-up: throughput over the `single` run with the same other flags, or where the grid "
                       "has none, over the same configuration at 1 rank; efficiency: speed-up / ranks."]
+    if any(r.get("caveat") or r.get("baseline_caveat") for r in rows if not r["error"]):
+        lines += ["", "?: over or of a configuration whose times measured more than the job (oversubscribed or "
+                      "contended, named beside it)."]
     return "\n".join(lines) + "\n"
 
 

@@ -29,6 +29,9 @@ def findings_text(block: dict | None) -> Text | None:
         out.append(f"  {f['kind']:<14}", style="bold")
         at_least = "≥ " if f.get("step_without_lower_bound") else ""
         out.append(f"{_what(f)}; step without it {at_least}{f['step_ms_without']:.1f} ms{_bound(f)}\n")
+    if block.get("step_ms") is not None:
+        out.append(f"  (the step: {block['step_ms']:.1f} ms, the median over the measured iterations of the slowest "
+                   "rank's; the tables show each rank's median)\n", style="dim")
     out.rstrip()
     return out
 
@@ -78,6 +81,11 @@ def _what(f: dict) -> str:
         return (f"{e['schedule']} idles {idle} of its schedule against the {e['predicted_fraction'] * 100:.0f} % "
                 f"that {e['stages']} stages × {e['micro_batches']} micro-batches need; stage work {work} ms: "
                 f"{ms:.1f} ms/step beyond the schedule's own bubble ({share:.0f} % of the step)")
+    if f["kind"] == "host":
+        by = ", ".join(f"rank {r} {v:.1f} ms" for r, v in sorted(e["other_ms_by_rank"].items(), key=_rank))
+        return (f"every rank's training thread spends {ms:.1f} ms/step or more in no phase and no wait ({share:.0f} % "
+                f"of the step: {by}): host work between the phases — a batch fetched outside a data phase, "
+                "gradient clipping, logging")
     return f"{ms:.1f} ms/step ({share:.0f} % of the step)"
 
 

@@ -47,15 +47,15 @@ def _legend_labels(ax) -> list[str]:
 
 
 def _series_parts(key: tuple) -> tuple[str, ...]:
-    ranks, algo, backend, inplace, root = key
+    ranks, algo, backend, inplace, root, dtype, redop = key
     return (ranks_label(ranks), str(algo), str(backend), "in-place" if inplace else "out-of-place",
-            "" if root is None else f"root {root}")
+            "" if root is None else f"root {root}", str(dtype or ""), "" if redop in (None, "none") else str(redop))
 
 
 def _labels(keys: list[tuple]) -> tuple[dict[tuple, str], str]:
     """Each series' label from the parts that differ between series, and the parts they share (for the title)."""
     parts = {key: _series_parts(key) for key in keys}
-    varying = [i for i in range(5) if len({p[i] for p in parts.values()}) > 1]
+    varying = [i for i in range(len(next(iter(parts.values())))) if len({p[i] for p in parts.values()}) > 1]
     shared = ", ".join(p for i, p in enumerate(next(iter(parts.values()))) if i not in varying and p)
     if not varying:  # one series: its full description is its only name
         return {key: ", ".join(filter(None, p)) for key, p in parts.items()}, shared
@@ -74,8 +74,8 @@ def _bytes_axis(ax) -> None:
 def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | None = None,
                 keep: dict | None = None) -> dict[str, dict]:
     """One PNG per collective, folder/bench-<collective>.png: bus bandwidth (GB/s) and time (µs) against size
-    (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace, and the root
-    where -r all measured several), where ranks
+    (bytes), log-log, one curve per series — the records sharing (ranks, algo, backend, inplace, dtype, reduction,
+    and the root where -r all measured several), where ranks
     is the group size and how many groups measured at once (report/bench_table.py's ranks_key).
 
     A label names only what differs between the collective's series ("1 rank", "2 ranks"); what they share
@@ -96,7 +96,7 @@ def bench_plots(records: list[dict], folder: str | Path, *, link_GBps: float | N
     roots = several_roots(records)  # -r all: a curve per root
     for r in records:
         key = (ranks_key(r), r["algo"], r["backend"], bool(r["inplace"]), r.get("root") if r["collective"] in roots
-               else None)
+               else None, r.get("dtype"), r.get("redop"))
         by_collective.setdefault(r["collective"], {}).setdefault(key, []).append(r)
 
     drawn = {}

@@ -34,6 +34,8 @@ def time_table(doc: dict) -> Narrowing:
     """Per rank and across ranks; a narrow terminal goes without peak RSS, peak mem and overlap ms first."""
     s = doc["summary"]
     columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") or s["bubble_ms"] > 0 else ())
+    if "other_ms" in s:  # a document of an older commprof has none
+        columns = (*columns[:5], ("other_ms", "other ms"), *columns[5:])
     table = Table(title="time per iteration", title_justify="left")
     table.add_column("rank", justify="right")
     for _, label in columns:
@@ -50,7 +52,7 @@ def time_table(doc: dict) -> Narrowing:
             table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "",
                           style="bold" if stat == "avg" else "")
         table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in columns], "", "", style="dim")
-    return Narrowing(table, ("peak RSS", "peak mem", "overlap ms", "data ms"))
+    return Narrowing(table, ("peak RSS", "peak mem", "overlap ms", "data ms", "other ms"))
 
 
 def group_table(doc: dict) -> Table | None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 from rich.console import Console
 
 from commprof import backends, flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
+from commprof.kept import Kept
 from commprof.lifecycle import Rank
 from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
@@ -205,16 +205,27 @@ class _Run(lifecycle.Command):
     @staticmethod
     def work(cfg: RunConfig, rank: Rank) -> dict:
         """Train; rank 0 keeps its iterations in the --json file as they come and saves the model."""
-        partial = None
+        on_step = None
         if cfg.out.json and rank.world.rank == 0 and rank.comm is not None:
-            partial = PartialJson(cfg.out.json, rank.world.rank, rank.world.world_size)
-            rank.on_failure(partial.abandon)
+            held = {"0": []}  # rank 0's iterations, as the loop holds them
+
+            def document(reason: str) -> dict:
+                return {"complete": False, "reason": reason, "world_size": rank.world.world_size,
+                        "note": "iterations of rank 0 only: the other ranks' figures are gathered at the end",
+                        "iterations": dict(held)}
+
+            kept = Kept(cfg.out.json, document)
+            rank.on_failure(kept.abandon)
+
+            def on_step(so_far: list[dict]) -> None:
+                held["0"] = so_far
+                kept.update()
         import torch  # the ranks' imports: the launcher checks the flags without loading torch
 
         from commprof.run.loop import train
 
         comm = rank.comm if cfg.strategy != "single" else None
-        result, state = train(cfg, comm, rank.device, on_step=partial.update if partial is not None else None)
+        result, state = train(cfg, comm, rank.device, on_step=on_step)
         if cfg.save_state and rank.world.rank == 0:
             tmp = f"{cfg.save_state}.tmp{os.getpid()}"
             torch.save(state, tmp)
@@ -232,11 +243,12 @@ class _Run(lifecycle.Command):
             rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
         console = results_console()
-        from commprof.findings.kinds import of_trace, with_bubble
+        from commprof.findings.figures import with_figures
+        from commprof.findings.kinds import of_trace
         from commprof.report.findings_block import findings_text
 
         traced = of_trace(rank.trace_dir, link=cfg.link) if rank.trace_dir else None
-        findings = with_bubble(traced, doc.get("pipeline"), doc["summary"]["wall_ms"])
+        findings = with_figures(traced, doc)
         if findings is not None:
             doc["findings"] = findings
             console.print(findings_text(findings), highlight=False)
@@ -265,30 +277,3 @@ def main(args: argparse.Namespace) -> int:
         Console().print(models_table(list_models()))
         return 0
     return lifecycle.main(COMMAND, args)
-
-
-class PartialJson:
-    """Rank 0's iterations while the run goes, in the --json file (at most every SAVE_S), marked
-    incomplete: a run that dies keeps what it measured; the finished run's report replaces it."""
-
-    SAVE_S = 1.0
-
-    def __init__(self, path: str, rank: int, world_size: int) -> None:
-        self.path, self.rank, self.world_size = path, rank, world_size
-        self.iterations: list[dict] = []
-        self.saved = time.monotonic()
-
-    def update(self, iterations: list[dict]) -> None:
-        self.iterations = iterations
-        if time.monotonic() - self.saved >= self.SAVE_S:
-            self._write("running", snapshot=True)
-
-    def abandon(self, code: int, message: str) -> None:
-        self._write(message)
-
-    def _write(self, reason: str, snapshot: bool = False) -> None:
-        doc = {"complete": False, "reason": reason, "world_size": self.world_size,
-               "note": f"iterations of rank {self.rank} only: the other ranks' figures are gathered at the end",
-               "iterations": {str(self.rank): self.iterations}}
-        files.write_result(self.path, doc, snapshot=snapshot)
-        self.saved = time.monotonic()

@@ -108,12 +108,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
             split = phases.end()
             losses.append(step_result.loss)
             if t >= cfg.warmup:
-                iterations.append({"step": t, "wall_ms": split.wall_ns * MS, "data_ms": split.data_ns * MS,
-                                   "compute_ms": split.compute_ns * MS, "comm_ms": split.comm_ns * MS,
-                                   "exposed_comm_ms": split.exposed_comm_ns * MS,
-                                   "overlap_ms": split.overlap_ns * MS, "bubble_ms": split.bubble_ns * MS,
-                                   "schedule_ms": split.schedule_ns * MS,
-                                   "comm_by_group_ms": {g: v * MS for g, v in split.comm_by_group_ns.items()}})
+                iterations.append({"step": t, **split.figures()})
                 volumes.append(step_volume(phases.ops()))
                 if on_step is not None:
                     on_step(iterations)

@@ -6,7 +6,8 @@ kernel's idle process); ts numeric and ≥ 0 (metadata may leave it out); X with
 balanced per thread, each E at or after its B; i with a known scope; C with numeric args; M with args
 (a name for process_name and thread_name); s/t/f with an id. Per flow id: one s, then any t, then one f,
 in time order (Perfetto drops a flow end without an earlier start), each bound to a slice of its thread
-— s and t to the one enclosing them, f to the one enclosing it with bp "e", else the next one to start.
+— s and t to the one enclosing them, f to the one enclosing it with bp "e", else the next one to start. Per
+thread: no two slices overlap partly (Perfetto drops the second).
 
     python tests/support/trace_format.py trace/trace.json trace/rank0.trace.json
 
@@ -52,6 +53,8 @@ def problems(doc) -> list[str]:
             flows[(e["id"], e.get("cat"), e.get("name"))].append(e)
     out += [f"B never ended: {json.dumps(s[-1])}" for s in stacks.values() if s]
     slices = _slices(events)
+    for (pid, tid), spans in slices.items():
+        out += [f"pid {pid} tid {tid}: {p}" for p in _overlaps(spans)]
     for ident, chain in flows.items():
         out += [f"flow {ident[0]}: {p}" for p in _flow(chain, slices)]
     return out
@@ -113,6 +116,24 @@ def _slices(events: list) -> dict[tuple, list[tuple[float, float]]]:
         elif open_[key]:
             out[key].append((open_[key].pop(), e["ts"]))
     return out
+
+
+def _overlaps(spans: list[tuple[float, float]]) -> list[str]:
+    """Slices of one thread that overlap partly, which Perfetto drops: each must nest inside the one that
+    encloses its start, or start after it ends (within NS: ts and dur are written in µs to 3 decimals, each
+    rounded on its own)."""
+    out, open_ = [], []
+    for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+        while open_ and open_[-1] <= start + NS:
+            open_.pop()
+        if open_ and end > open_[-1] + NS:
+            out.append(f"a slice [{start}, {end}] overlaps the one enclosing its start, which ends at {open_[-1]}")
+        open_.append(end)
+    return out
+
+
+NS = 0.0015
+"""One rounding step of a µs figure written to 3 decimals, and a half of another, in µs."""
 
 
 def _flow(chain: list[dict], slices: dict) -> list[str]:

@@ -34,6 +34,21 @@ def test_breakdown_blocking_op_inside_a_phase_is_not_compute():
     assert b.comm_by_group_ns == {"world": 80}
 
 
+def test_host_work_between_the_phases_is_other_and_the_columns_sum_to_wall():
+    # a batch fetched between forward and backward (no data phase), gradient clipping after backward, a
+    # sleep before the step: in no phase, so in no column but `other`
+    ops = [("all_reduce", 8, 2, 50, 90, True, "world")]
+    b = breakdown(start=0, end=150, phases=[("data", 0, 10), ("forward", 10, 30), ("backward", 40, 80),
+                                            ("step", 130, 150)], ops=ops, waits=[("all_reduce", 80, 90)])
+    assert (b.data_ns, b.compute_ns, b.exposed_comm_ns, b.bubble_ns) == (10, 20 + 40 + 20, 10, 0)
+    assert b.other_ns == 10 + 40  # 30..40 and 90..130
+    assert b.data_ns + b.compute_ns + b.exposed_comm_ns + b.bubble_ns + b.other_ns == b.wall_ns
+    figures = b.figures()
+    assert figures["other_ms"] == pytest.approx(50e-6) and figures["wall_ms"] == pytest.approx(150e-6)
+    # an iteration of only phases leaves nothing to other
+    assert breakdown(start=0, end=20, phases=[("forward", 0, 20)], ops=[], waits=[]).other_ns == 0
+
+
 def test_breakdown_on_the_device_a_stream_ordered_op_blocks_and_an_async_one_overlaps():
     # GPU (waits None): an all_gather on the training stream 40..60 inside backward 0..100 (HOST False), an
     # all_reduce on a stream of its own 70..130 (HOST None), hidden by backward up to 100, then exposed.

@@ -170,3 +170,31 @@ def test_report_of_two_runs_compares_their_findings_against_the_noise(recorded, 
 def test_a_straggler_without_aligned_iterations_prices_none_of_its_late_ops(recorded):
     a = analyze(timeline.load(str(recorded("slowed") / "trace")))
     assert a.aligned == () and whatif.priced_aligned(a, 1) == 0
+
+
+def test_host_work_every_rank_does_is_a_finding_and_one_ranks_alone_is_not():
+    from commprof.findings.figures import host, with_figures
+
+    def summary(*others):
+        return {"wall_ms": 100.0, "per_rank": [{"rank": r, "other_ms": o} for r, o in enumerate(others)]}
+
+    (found,) = host(summary(21.0, 20.0), 100.0)
+    assert (found["kind"], found["rank"], found["ms_per_step"], found["step_ms_without"]) == ("host", 0, 20.0, 80.0)
+    assert found["evidence"]["other_ms_by_rank"] == {0: 21.0, 1: 20.0}
+    assert host(summary(30.0, 1.0), 100.0) == []  # one rank's own: its peers wait, a straggler's finding
+    assert host(summary(2.0, 2.5), 100.0) == []  # under the threshold
+    assert host({"wall_ms": 100.0, "per_rank": [{"rank": 0}]}, 100.0) == []  # a document of an older commprof
+    block = with_figures(None, {"summary": summary(21.0, 20.0)})
+    assert [f["kind"] for f in block["items"]] == ["host"] and "own figures" in block["scope"]
+    traced = {"threshold": 0.03, "items": [{"kind": "straggler", "ms_per_step": 30.0}]}
+    assert [f["kind"] for f in with_figures(traced, {"summary": summary(21.0, 20.0)})["items"]] == ["straggler", "host"]
+
+
+@pytest.mark.parametrize("name", ["slowed", "balanced", "per-param"])  # "fused" was recorded without a trace
+def test_no_step_without_a_cause_is_above_the_step(recorded, name):
+    # a replay that priced an op higher without its cause printed a "step without it" above the step
+    trace = str(recorded(name) / "trace")
+    block = of_trace(trace)
+    assert block["step_ms"] == timeline.load(trace).measured_wall_ms, block
+    for found in block["items"]:
+        assert 0 <= found["step_ms_without"] <= block["step_ms"], found

@@ -22,7 +22,7 @@ LAYERS = (
     ("strategies", "kernels"),
     ("perfmodel",),
     ("findings",),
-    ("netns", "launch", "lifecycle"),
+    ("netns", "launch", "lifecycle", "kept"),
     ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )

@@ -86,8 +86,25 @@ def test_one_series_keeps_its_full_label(reports, tmp_path):
     bench, _ = reports
     records = [r for r in bench[2]["results"] if r["collective"] == "all_reduce"]
     (data,) = plots.bench_plots(records, tmp_path).values()
-    assert list(data["series"]) == ["2 ranks, library, gloo, in-place"]
+    assert list(data["series"]) == ["2 ranks, library, gloo, in-place, float32, sum"]
     assert data["link_GBps"] is None
+
+
+def test_each_dtype_and_reduction_is_a_line_of_its_own(reports, tmp_path):
+    # `-d float32,bfloat16 -o sum,max` measures every size four times: one zig-zag line across them hid it
+    bench, _ = reports
+    base = [r for r in bench[2]["results"] if r["collective"] == "all_reduce"]
+    records = [{**r, "dtype": dtype, "redop": redop, "time_us": r["time_us"] * k}
+               for k, (dtype, redop) in enumerate([("float32", "sum"), ("bfloat16", "sum"), ("float32", "max"),
+                                                   ("bfloat16", "max")], start=1) for r in base]
+    figures = {}
+    (path, data), = plots.bench_plots(records, tmp_path, keep=figures).items()
+    assert sorted(data["series"]) == ["bfloat16, max", "bfloat16, sum", "float32, max", "float32, sum"]
+    for k, label in enumerate(["float32, sum", "bfloat16, sum", "float32, max", "bfloat16, max"], start=1):
+        assert data["series"][label]["time_us"] == [r["time_us"] * k for r in sorted(base, key=lambda r: r["nbytes"])]
+    assert sorted(data["legend"]["time"]) == sorted(data["series"])
+    _, tm = figures[path].axes
+    assert {line.get_label() for line in tm.get_lines()} == set(data["series"])
 
 
 def test_link_line_is_drawn_on_the_bandwidth_panel(reports, tmp_path):

@@ -107,3 +107,26 @@ def test_bad_link_rates_are_one_line_exit_2(capsys, tmp_path, args, words):
     assert err.startswith("commprof: error: ") and words in err, err
     code, _, err = report(capsys, RUN, "--plot", tmp_path, "--link-rate", "25")
     assert code == 2 and "--link-rate is drawn on bench figures" in err, err
+
+
+def test_a_grid_says_which_configuration_ran_oversubscribed_or_contended():
+    # a 24.7x "speed-up" was printed over a baseline whose ranks shared the cores: the figure stays, marked
+    from commprof.report.compare import run_markdown, run_rows, run_table
+
+    def quiet(doc: dict) -> dict:
+        return {**doc, "env": {**doc["env"], "oversubscribed": False, "contention": {"contended": False}}}
+
+    single, ddp = (quiet(json.loads((RECORDED / name / "run.json").read_text())) for name in ("single", "ddp"))
+    crowded = {**single, "env": {**single["env"], "oversubscribed": True, "ranks_per_host": 4, "slots_per_host": 2}}
+    busy = {**ddp, "env": {**ddp["env"], "contention": {"contended": True, "others_cores": 1.3}}}
+    runs = [{"label": "single", "config": {"--strategy": "single"}, "result": crowded},
+            {"label": "ddp", "config": {"--strategy": "ddp"}, "result": busy}]
+    rows = run_rows(runs)
+    assert [r["caveat"] for r in rows] == ["oversubscribed 4 ranks on 2 cores", "contended 1.3 cores"]
+    markdown = run_markdown(rows)
+    assert "| single (oversubscribed 4 ranks on 2 cores) |" in markdown and "| ddp (contended 1.3 cores) |" in markdown
+    speedup = rows[1]["speedup"]
+    assert speedup > 0 and f"| {speedup:,.2f}? |" in markdown and "?: over or of a configuration" in markdown
+    clean = run_rows([{**r, "result": doc} for r, doc in zip(runs, (single, ddp))])
+    assert [r["caveat"] for r in clean] == [None, None] and "?" not in run_markdown(clean)
+    assert run_table(rows).table.caption.startswith("?: a speed-up")

@@ -46,3 +46,23 @@ def test_ops_a_straggler_made_late_cost_their_aligned_transfer_without_it():
     assert [whatif.measured_costs(a)(x.op) for x in ops] == [x.transfer_ms for x in ops]
     # of the three ops rank 1 made late, the 512 KiB one has no aligned instance: a lower bound
     assert whatif.priced_aligned(a, 1) == pytest.approx(2 / 3) and whatif.priced_aligned(a, 2) == 1.0
+
+
+def test_a_cause_taken_away_never_lengthens_the_step():
+    # an op priced higher without the cause (its aligned transfer above the one it took late) made the replay
+    # of the edited iteration end later: the "step without it" was printed above the step
+    from commprof.findings import whatif
+    from commprof.findings.arrivals import Analysis, Arrival
+    from commprof.perfmodel.timeline import Measured, Op, Program
+
+    op = Op(key=("world", (0, 1), "all_reduce", 0), name="all_reduce", label="world", members=(0, 1),
+            nbytes=1 << 20, measured_ms=2.0)
+    programs = tuple(Program(r, 12.0, (("busy", 10.0), ("issue", op), ("wait", op, 0.0))) for r in (0, 1))
+    m = Measured(source="by hand", strategy="ddp", backend="gloo", world_size=2, hosts=("h", "h"),
+                 global_batch=None, iterations=(programs,), measured_wall_ms=12.0)
+    a = Analysis(iterations=1, step_ms=12.0, arrivals=(Arrival(op=op, parties=(0, 1), last=1, spread_ms=0.0,
+                                                               transfer_ms=2.0),),
+                 per_iteration=(), ranks=(), exposed_by_op={})
+    assert whatif.step_without(m, a, cost=lambda o: 2.0) == pytest.approx(12.0)
+    assert whatif.step_without(m, a, cost=lambda o: 0.5) == pytest.approx(10.5)
+    assert whatif.step_without(m, a, cost=lambda o: 5.0) == pytest.approx(12.0)  # dearer: saves nothing

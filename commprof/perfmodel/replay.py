@@ -45,11 +45,13 @@ class Predicted:
     step_ms: float
     """Median over the measured iterations of the slowest rank's replayed iteration."""
     busy_ms: float
-    """Compute, data, optimizer and the rest of the training thread's own time (as measured)."""
+    """Compute, data, optimizer and the rest of the training thread's own time (as measured; the most of any
+    rank, the median over the iterations)."""
     comm_ms: float
-    """Time with at least one op in flight, issue to completion (the slowest rank's)."""
+    """Time with at least one op in flight, issue to completion (the most of any rank, the median over the
+    iterations)."""
     exposed_comm_ms: float
-    """Time the training thread blocked on ops (the slowest rank's)."""
+    """Time the training thread blocked on ops (the most of any rank, the median over the iterations)."""
     throughput: float | None
     """Samples a second (the global batch grows with the replicas); None when the batch is unknown."""
     efficiency: float
@@ -92,10 +94,10 @@ def predict(m: Measured, n: int, fabric: Fabric, ranks_per_host: int, flag: str 
         return _cost_s(op, members, fabric, ranks_per_host, algos, flag) * 1e3
 
     rows = [replay(it, cost_ms) for it in m.iterations]
+    # each figure its own median over the iterations: the iteration of the median step changes with N, and
+    # its comm and exposed time (another iteration's overlap) with it — they were not monotone in N
     step = _median([r[0] for r in rows])
-    slowest = [r[1] for r in rows]
-    pick = sorted(range(len(rows)), key=lambda i: rows[i][0])[len(rows) // 2]
-    busy, comm, exposed = slowest[pick]
+    busy, comm, exposed = (_median([r[1][k] for r in rows]) for k in range(3))
     batch = None if m.global_batch is None else m.global_batch * n / m.world_size
     return Predicted(ranks=n, hosts=math.ceil(n / ranks_per_host), step_ms=step, busy_ms=busy, comm_ms=comm,
                      exposed_comm_ms=exposed, throughput=None if batch is None else batch / (step / 1e3),
@@ -151,7 +153,8 @@ def _one_level(op: Op, size: int, level: Level, share: int, algos: dict) -> floa
 
 
 def replay(programs: tuple[Program, ...], cost_ms) -> tuple[float, tuple[float, float, float]]:
-    """(slowest rank's iteration ms, (its busy, comm, exposed ms)) with each op taking cost_ms(op)."""
+    """(the slowest rank's iteration ms, (the most busy, comm and exposed ms of any rank)) with each op taking
+    cost_ms(op)."""
     ranks = len(programs)
     pc, t = [0] * ranks, [0.0] * ranks
     busy, exposed = [0.0] * ranks, [0.0] * ranks
@@ -195,8 +198,9 @@ def replay(programs: tuple[Program, ...], cost_ms) -> tuple[float, tuple[float, 
         for r, at in issued[key].items():
             spans[r].append((at, done[key]))
     comm = [_union(s) for s in spans]
-    slow = max(range(ranks), key=lambda r: t[r])
-    return t[slow], (busy[slow], comm[slow], exposed[slow])
+    # each figure the most any rank has: ranks that end together (one waits for the other) swap places as the
+    # "slowest" from one N to the next, and its figures with them
+    return max(t), (max(busy), max(comm), max(exposed))
 
 
 def _union(spans: list[tuple[float, float]]) -> float:

@@ -241,3 +241,17 @@ def test_the_prediction_table_fits_the_terminal_whole(traced, columns, capsys, m
     table = out[out.index("predicted step per rank count"):]
     assert "…" not in table and max(map(len, table.splitlines())) <= columns, table
     assert "1024" in table and "efficiency" in table
+
+
+@pytest.mark.parametrize("name", ["slowed/trace", "balanced/trace", "fsdp/trace"])
+def test_every_figure_grows_with_the_rank_count(name):
+    # comm at 256 ranks above 512, exposed 5.1 ms at 128, 0.0 at 256 and 8.2 at 512: the figures were one
+    # iteration's, the iteration of the median step, which changed with N — and the "slowest" rank's, which two
+    # ranks ending together swapped from one N to the next
+    m = timeline.load(str(RECORDED / name))
+    fabric = fabrics.parse("intra=450GB/s,3us;inter=50GB/s,8us")
+    rows = [replay.predict(m, n, fabric, 8) for n in (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)]
+    for key in ("step_ms", "comm_ms", "exposed_comm_ms"):
+        values = [getattr(r, key) for r in rows]
+        assert values == sorted(values), (key, values)
+    assert all(r.exposed_comm_ms <= r.comm_ms + 1e-9 for r in rows)

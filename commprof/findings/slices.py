@@ -24,10 +24,10 @@ ROW = "blocked, by cause"
 
 
 def mark(directory: str | Path, m: Measured) -> int:
-    """Add the slices to DIR/trace.json; returns how many."""
+    """Put the slices in DIR/trace.json, in place of any drawn before; returns how many."""
     path = Path(directory) / "trace.json"
     doc = json.loads(path.read_text())
-    events = doc["traceEvents"]
+    events = doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("tid") != TID]
     ranks = set()
     added = 0
     for rank, t0, t1, who, on in blocked_by_cause(m):

@@ -3,8 +3,10 @@ training thread was busy, the points where it issued each op, and the points whe
 
 Every op is named the same on every member of its group — (members, op, k) for the k-th such collective,
 (members, sender, receiver, k) for the k-th message of a pipeline link — so a replay can join the ranks
-again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on;
-a blocking op blocks from its issue to the end of its own training-thread range.
+again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on, and
+the last wait of a name and group in an iteration to every such op issued before it (a C++ reducer's one wait
+at the end of backward is on all of DDP's buckets: it blocks on each in turn, until the last completes); a
+blocking op blocks from its issue to the end of its own training-thread range.
 
     commprof run --strategy ddp --nproc 2 --trace t/ --json r.json && commprof predict r.json --fabric …
 
@@ -193,6 +195,12 @@ def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, 
     return out
 
 
+def _waited(w: dict) -> tuple[str, str]:
+    """(op name, group label) of a wait span "wait all_reduce (world)"."""
+    name, _, label = w["name"][len("wait "):].rpartition(" (")
+    return name, label.rstrip(")")
+
+
 def _program(rank: int, t0: float, t1: float, ops: list, blocking: list[dict]) -> Program:
     """Issue points, block intervals and the busy time between them, in µs from the iteration's start."""
     points = []  # (µs, order, step): at one instant, issue before block
@@ -207,14 +215,24 @@ def _program(rank: int, t0: float, t1: float, ops: list, blocking: list[dict]) -
             points.append((start, 1, ("block", op, end, own["ts"] + own["dur"])))
         else:
             waits_for[(op.name, op.label)].append((start, end, op))
-    for w in blocking:
-        if w.get("cat") != "wait":
+    waits = [w for w in blocking if w.get("cat") == "wait"]
+    last_wait = {_waited(w): i for i, w in enumerate(waits)}
+    for i, w in enumerate(waits):
+        queue = waits_for.get(_waited(w))
+        if not queue or queue[0][0] > w["ts"]:
             continue
-        name, _, label = w["name"][len("wait "):].rpartition(" (")
-        queue = waits_for.get((name, label.rstrip(")")))
-        if queue and queue[0][0] <= w["ts"]:
-            _, end, op = queue.popleft()
-            points.append((w["ts"], 1, ("block", op, end, w["ts"] + w["dur"])))
+        covered = [queue.popleft()]
+        if last_wait[_waited(w)] == i:
+            # the last wait on these ops covers every one issued before it: a C++ reducer's one wait at the end
+            # of backward is on all of DDP's buckets, the last to complete the one it really waited for
+            while queue and queue[0][0] <= w["ts"]:
+                covered.append(queue.popleft())
+        covered.sort(key=lambda c: c[1])
+        at, resume = w["ts"], w["ts"] + w["dur"]
+        for k, (_, end, op) in enumerate(covered):  # one after another: each blocks until its completion
+            stop = resume if k == len(covered) - 1 else max(at, min(end, resume))
+            points.append((at, 1, ("block", op, end, stop)))
+            at = stop
     points.sort(key=lambda p: (p[0], p[1]))
     blocks = tuple((step[1], at, step[3]) for at, _, step in points if step[0] == "block")
     steps, t = [], t0

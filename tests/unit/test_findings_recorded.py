@@ -198,3 +198,13 @@ def test_no_step_without_a_cause_is_above_the_step(recorded, name):
     assert block["step_ms"] == timeline.load(trace).measured_wall_ms, block
     for found in block["items"]:
         assert 0 <= found["step_ms_without"] <= block["step_ms"], found
+
+
+def test_drawing_the_causes_again_replaces_them(recorded):
+    # `commprof report` of a traced job, twice: the second drawing doubled the "blocked, by cause" row
+    from commprof.findings.slices import TID
+
+    trace = recorded("balanced") / "trace"
+    counts = [of_trace(str(trace))["trace_slices"] for _ in range(2)]
+    events = json.loads((trace / "trace.json").read_text())["traceEvents"]
+    assert counts[0] == counts[1] == sum(e.get("tid") == TID and e.get("ph") == "X" for e in events) > 0

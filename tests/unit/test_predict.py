@@ -255,3 +255,19 @@ def test_every_figure_grows_with_the_rank_count(name):
         values = [getattr(r, key) for r in rows]
         assert values == sorted(values), (key, values)
     assert all(r.exposed_comm_ms <= r.comm_ms + 1e-9 for r in rows)
+
+
+def test_a_reducers_one_wait_blocks_on_every_bucket_it_covers():
+    # DDP's C++ reducer waits once, at the end of backward, on all its buckets: the trace holds one "wait"
+    # span. Matched to the first bucket alone, the second — the one the thread really waited for — had no
+    # wait, and the replay let the step end without it (a "step without" 1.2x the balanced step)
+    a, b = op(0, nbytes=1 << 20), op(1, nbytes=1 << 21)
+    wait = {"name": "wait all_reduce (world)", "cat": "wait", "ph": "X", "ts": 600.0, "dur": 450.0}
+    prog = timeline._program(0, 0.0, 1200.0, [(0.0, 500.0, a), (200.0, 1000.0, b)], [wait])
+    assert prog.steps == (("issue", a), ("busy", 0.2), ("issue", b), ("busy", 0.4), ("wait", a, 0.0),
+                          ("wait", b, pytest.approx(0.05)), ("busy", pytest.approx(0.15)))
+    assert prog.blocks == ((a, 600.0, 600.0), (b, 600.0, 1050.0))
+    # the replay holds the thread until the last bucket is done: b starts when a is (0.5) and ends at 1.3,
+    # against backward's end at 0.6; then the thread's 0.05 after it and the 0.15 to the iteration's end
+    step, (_, _, exposed) = replay.replay((prog, prog), lambda o: {a.key: 0.5, b.key: 0.8}[o.key])
+    assert exposed == pytest.approx(1.3 - 0.6) and step == pytest.approx(1.3 + 0.05 + 0.15)

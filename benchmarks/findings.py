@@ -92,8 +92,9 @@ def main() -> None:
             for k, delay in enumerate(delays):
                 delayed.append(profiled(tmp, f"{backend}-d{delay:g}", backend, args.nproc, "straggler_train.py",
                                         *steps, "--delay-ms", str(delay), bind=args.bind_cores, warmup=args.warmup))
-                balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc, "straggler_train.py",
-                                         *steps, bind=args.bind_cores, warmup=args.warmup))
+                if not args.quick or k + 1 < len(delays):  # --quick: the balanced run before it alone
+                    balanced.append(profiled(tmp, f"{backend}-d0-{k + 1}", backend, args.nproc,
+                                             "straggler_train.py", *steps, bind=args.bind_cores, warmup=args.warmup))
             steps_ms = [b["trace_step_ms"] for b in balanced]
             for k, (delay, doc) in enumerate(zip(delays, delayed)):
                 rows.append(straggler_row(doc, delay, backend, args.nproc, steps_ms, steps_ms[k:k + 2]))

@@ -63,6 +63,9 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     # training job has it only where its launcher sets it.
     if huge_pages:
         env["THP_MEM_ALLOC_ENABLE"] = "1"
+    if sys.stderr.isatty():  # the ranks take seconds to import torch and meet: say what is coming
+        sys.stderr.write(f"commprof {argv[0]}: starting {nproc} rank(s) on {backend}…\n")
+        sys.stderr.flush()
     folder = job.make()
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]
@@ -222,7 +225,7 @@ def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[in
                 stopped.kill()  # it cannot report anything: do not wait GRACE_S for it
             time.sleep(0.05)
     except KeyboardInterrupt:
-        _stop(children)
+        _interrupted(children)
         return 130
     except _Terminated:
         _stop(children)
@@ -240,6 +243,19 @@ def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[in
         if rc:
             return rc
     return 0
+
+
+def _interrupted(children: list[subprocess.Popen]) -> None:
+    """Ctrl-C: the terminal interrupts the ranks too, and rank 0 saves and prints what it measured before it
+    exits; they get up to GRACE_S for that before they are stopped (at once on a second Ctrl-C). A launcher
+    interrupted alone (`kill -INT`) stops its ranks GRACE_S later."""
+    deadline = time.monotonic() + GRACE_S
+    try:
+        while any(p.poll() is None for p in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+    _stop(children)
 
 
 def _death(who: str, rc: int, folder: Path) -> int:

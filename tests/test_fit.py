@@ -17,10 +17,12 @@ def commprof(*args, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-def _on_a_terminal(argv: list[str]) -> tuple[int, str]:
-    """Run commprof with stderr on a pseudo-terminal; its exit code and what the terminal showed."""
+def _on_a_terminal(argv: list[str], stdout_too: bool = False) -> tuple[int, str]:
+    """Run commprof with stderr (and stdout, `stdout_too`) on a pseudo-terminal; its exit code and what the
+    terminal showed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "commprof", *argv], stdout=subprocess.DEVNULL, stderr=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", *argv],
+                            stdout=slave if stdout_too else subprocess.DEVNULL, stderr=slave,
                             env=env_for_tests(TERM="xterm", COLUMNS="100"))
     os.close(slave)
     shown = b""
@@ -41,7 +43,12 @@ def test_run_and_profile_show_progress_on_a_terminal_only(tmp_path):
     code, shown = _on_a_terminal(["run", "--strategy", "ddp", *steps, "--steps", "12", "--eval-samples", "0"])
     assert code == 0 and re.search(r"12/12\S* \d+\.\d ms/iteration", shown), shown[-2000:]
     script = os.path.join(ROOT, "tests", "scripts", "ddp_train.py")
-    code, shown = _on_a_terminal(["profile", *steps, "--", script])
-    assert code == 0 and re.search(r"iteration \d+ \d+\.\d ms/iteration", shown), shown[-2000:]
+    code, shown = _on_a_terminal(["profile", *steps, "--", script, "--steps", "40"], stdout_too=True)
+    # what starts is said at once; the count so far and the time so far (a script's iteration count is its own)
+    assert code == 0 and shown.startswith("commprof profile: starting 2 rank(s) on gloo…"), shown[:300]
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # colours and cursor moves left out
+    assert re.search(r"iteration \d+ \d+\.\d ms/iteration \d+:\d\d:\d\d", plain), plain[-2000:]
+    # the script's own line goes above the progress line, on a line of its own, not onto it
+    assert re.search(r'(^|[\r\n])\{"params": ', plain), plain[-2000:]
     piped = commprof("run", "--strategy", "ddp", *steps, "--steps", "12", "--eval-samples", "0")
     assert piped.returncode == 0 and "ms/iteration" not in piped.stderr, piped.stderr[-2000:]

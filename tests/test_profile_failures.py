@@ -100,7 +100,7 @@ def test_rank_0_killed_leaves_what_it_had_measured(tmp_path):
     assert doc["complete"] is False and doc["reason"] == "rank 0 was killed by SIGKILL"
     steps = [it["step"] for it in doc["iterations"]]
     assert steps and steps == list(range(1, 1 + len(steps))) and steps[-1] <= 6, steps
-    assert doc["summary"]["wall_ms"] > 0 and doc["volume"]["all_reduce (world)"]["calls_per_step"] == 1
+    assert doc["summary"]["wall_ms"] > 0 and doc["volume"]["all_reduce"]["calls_per_step"] == 1
 
 
 def test_ctrl_c_prints_and_keeps_what_rank_0_measured(tmp_path):

@@ -1,7 +1,8 @@
 """A stopped rank — rank 0 too, whose process serves the control plane's store — ends the job within
 --timeout + 5 s of the stop, with exit 3 and one line naming it: under commprof's launcher (which sees the
 stopped process) and under a bare mpiexec (where the peers' watchdog and the start-up deadline hold without
-rank 0's store and without the interpreter), mid-sweep and during start-up (MPI_Init, the rendezvous).
+rank 0's store and without the interpreter), mid-sweep and during start-up (MPI_Init, the rendezvous); under
+torchrun, whose 30 s grace a stopped rank never takes, its peer ends it.
 The stop is a real SIGSTOP (COMMPROF_FAULT=stop sends it to the rank itself); the time is taken from the
 moment the test first sees the process stopped."""
 
@@ -104,6 +105,17 @@ def test_rank_0_stopped_mid_sweep_under_a_bare_mpiexec(backend):
     assert line.startswith("rank 1: ") and f"did not complete within {TIMEOUT} s (--timeout)" in line, line
     assert line.endswith("; rank 0 did not answer on the control plane"), line
     assert took < LIMIT_S, took
+
+
+def test_a_rank_stopped_under_torchrun_is_ended_by_its_peer():
+    # torchrun sends the other ranks SIGTERM when one fails and SIGKILL 30 s later: a stopped rank never acts
+    # on SIGTERM, and the job ended 38 s after the stop. Its peer on the same host ends it once the line is said
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof", *SWEEP]
+    code, err, took = run_until_stopped(command, "stop:rank=1:seq=6")
+    assert code != 0, err[-3000:]
+    assert f"rank 0: all_reduce did not complete within {TIMEOUT} s (--timeout)" in err, err[-3000:]
+    assert "rank 1 did not answer on the control plane" in err, err[-3000:]
+    assert took < LIMIT_S, (took, err[-3000:])
 
 
 @pytest.mark.parametrize("backend,rank", [("gloo", 0), ("mpi", 1)])

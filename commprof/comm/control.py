@@ -22,6 +22,8 @@ once, so no deadline of the watchdog ever waits on rank 0. Exercised by: `pytest
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -87,6 +89,15 @@ class ControlPlane:
         if not self._store.check([PREFIX + "failure"]):
             return None
         return json.loads(self._store.get(PREFIX + "failure"))
+
+    def post_process(self) -> None:
+        """This rank's host and pid, for a peer on the same host to end it when it is found stopped."""
+        self._store.set(f"{PREFIX}process/{self.rank}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+
+    def processes(self, ranks: list[int]) -> dict[int, dict]:
+        """{rank: {"host", "pid"}} of `ranks` that posted theirs."""
+        keys = {r: f"{PREFIX}process/{r}" for r in ranks}
+        return {r: json.loads(self._store.get(k)) for r, k in keys.items() if self._store.check([k])}
 
     def post_state(self, snap: dict) -> None:
         self._store.set(f"{PREFIX}state/{self.rank}", json.dumps(snap))

@@ -23,6 +23,8 @@ time out themselves, and this is the backstop for all three. Exercised by: `pyte
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -61,6 +63,11 @@ class Watchdog:
         self._salvage.append(fn)
 
     def __enter__(self) -> "Watchdog":
+        if self._comm.control is not None:
+            try:
+                self._comm.control.post_process()
+            except Exception:  # a peer then cannot end this rank if it stops: its launcher will
+                pass
         for thread in self._threads:
             thread.start()
         return self
@@ -125,7 +132,7 @@ class Watchdog:
     def _conclude(self, err: CommprofError, say: str | None) -> int:
         """fail's work up to the exit: claim, agree on the verdict, save and say it; the exit code."""
         code, message = err.exit_code, str(err)
-        control, answered = self._comm.control, []
+        control, answered, states = self._comm.control, [], {}
         if control is not None:
             try:
                 if not control.claim(code, message):
@@ -146,6 +153,7 @@ class Watchdog:
         # stop this one at once.
         self._leave(code, message, speak=True, say=say)
         if control is not None:
+            _end_stopped(control, [r for r in range(control.world_size) if r not in states])
             try:
                 control.post_verdict(code, message)
                 # rank 0 serves the store, and a launcher ends every rank once one exits: let them read
@@ -230,6 +238,26 @@ class Watchdog:
         if job.folder() is None:  # no commprof launcher to end the others
             _abort_mpi(code)
         os._exit(code)
+
+
+def _end_stopped(control, silent: list[int]) -> None:
+    """SIGKILL the peers on this host that did not answer and are stopped (SIGSTOP: state `T`), now that the
+    job's line is said. A launcher that ends the job's other ranks when one fails gives each a grace period
+    after SIGTERM, which a stopped process never acts on (torchrun: 30 s): the job would end that much later.
+    commprof's launcher and an MPI job's mpiexec (MPI_Abort: _abort_mpi) end a stopped rank themselves."""
+    if not silent or job.folder() is not None or sys.modules.get("mpi4py.MPI") is not None:
+        return
+    try:
+        found = control.processes(silent)
+    except Exception:
+        return
+    here = socket.gethostname()
+    for proc in found.values():
+        if proc["host"] == here and job.process_state(proc["pid"]) in ("T", "t"):
+            try:
+                os.kill(proc["pid"], signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _abort_mpi(code: int) -> None:

@@ -1,11 +1,13 @@
 """How a script's run ended, read the way the job reports it: the status sys.exit's argument makes, the
-traceback `python train.py` would show, and the Comm failure behind an exception the script let through.
+traceback `python train.py` would show, the Comm failure behind an exception the script let through, and whether
+Ctrl-C came.
 Exercised by: `pytest tests/test_profile_failures.py`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 
@@ -44,3 +46,23 @@ def comm_failure(exc: BaseException, recorder) -> CommprofError | None:
         seen = seen.__cause__ or seen.__context__
     failed = next((c for c in recorder.comms if c.failed is not None), None)
     return failed.failure(failed.failed, exc) if failed is not None else None
+
+
+class Interrupt:
+    """Whether Ctrl-C reached the script. The KeyboardInterrupt it raises may come out of torch's C++ as
+    torch's own error (autograd's engine re-raises it as "RuntimeError: Cannot extract tensors from value:
+    KeyboardInterrupt"): the rank then knows it was interrupted, not failed, and keeps what it measured."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
+            signal.signal(signal.SIGINT, self._on)
+
+    def _on(self, signum, frame) -> None:
+        self.seen = True
+        signal.default_int_handler(signum, frame)
+
+    @staticmethod
+    def saving() -> None:
+        """A second Ctrl-C must not cut the saving short."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -154,6 +154,7 @@ class Session:
         script = self.cfg.script
         sys.argv = [script, *self.cfg.script_args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        interrupt = ending.Interrupt()
         try:
             with self.tracker.progress:
                 runpy.run_path(script, run_name="__main__")
@@ -164,9 +165,10 @@ class Session:
             self._fail(exc)
             raise
         except KeyboardInterrupt as exc:
-            self.life.__exit__(KeyboardInterrupt, exc, None)  # what was measured kept, as bench and run keep it
-            return 130
+            return self._interrupted(exc)
         except Exception as exc:
+            if interrupt.seen:  # Ctrl-C, come out of torch's C++ as its own error
+                return self._interrupted(exc)
             failed = ending.comm_failure(exc, self.recorder)
             if failed is not None:  # a collective failed under the script (DDP's hook re-raises it as its own)
                 self._fail(failed)
@@ -182,6 +184,12 @@ class Session:
         if results is not None:
             self.report(results, env)
         return self._exited(code)
+
+    def _interrupted(self, exc: BaseException) -> int:
+        """Ctrl-C: what was measured kept and shown, as bench and run keep it; exit 130."""
+        ending.Interrupt.saving()
+        self.life.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+        return 130
 
     def _exited(self, code: int) -> int:
         """The script's own exit status; a non-zero one is the job's (claimed before a peer, left waiting in a

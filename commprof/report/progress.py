@@ -1,17 +1,21 @@
-"""Progress of a training loop on rank 0's terminal: iteration k of n, the last ms/iteration and the time left,
-as bench's sweep shows its points. Drawn on stderr between iterations, at most REFRESH_S apart (no thread of its
-own, so nothing draws while an iteration is timed), and gone when the loop ends; nothing at all when stderr is
-not a terminal (a log file, a pipe, CI) or on the other ranks.
+"""Progress of a training loop on rank 0's terminal: iteration k of n, the last ms/iteration and the time left (a
+profiled script's iterations, whose count only the script knows: iteration k and the time so far), as bench's
+sweep shows its points. A script's own prints to the same terminal go above the line. Drawn on stderr between
+iterations, at most REFRESH_S apart (no thread of its own, so nothing draws while an iteration is timed), and
+gone when the loop ends; nothing at all when stderr is not a terminal (a log file, a pipe, CI) or on the other
+ranks.
 
 Exercised by: `pytest tests/test_fit.py -k progress` (a run under a pseudo-terminal).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 REFRESH_S = 0.5
 """The least time between two draws: a draw costs the training loop a little CPU."""
@@ -28,9 +32,13 @@ class StepProgress:
             return
         columns = ([TextColumn(what), BarColumn(), MofNCompleteColumn()] if total
                    else [TextColumn(what + " {task.completed}")])
-        columns += [TextColumn("{task.fields[rate]}")] + ([TimeRemainingColumn()] if total else [])
+        # a script decides how many iterations it runs: without a total, the time so far in place of the time left
+        columns += [TextColumn("{task.fields[rate]}"), TimeRemainingColumn() if total else TimeElapsedColumn()]
+        # where stdout is the same terminal (a script's own prints), its lines go above the progress line, not
+        # onto it; stdout elsewhere (a file, a pipe) is left as it is
+        shared = _same_terminal(sys.stdout, sys.stderr)
         self.progress = Progress(*columns, console=console, transient=True, auto_refresh=False,
-                                 redirect_stdout=False, redirect_stderr=False)
+                                 redirect_stdout=shared, redirect_stderr=shared)
         self.task = self.progress.add_task(what, total=total, rate="")
 
     def __enter__(self) -> StepProgress:
@@ -51,3 +59,11 @@ class StepProgress:
     def __exit__(self, *exc) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+def _same_terminal(a, b) -> bool:
+    """Whether streams `a` and `b` write to one terminal."""
+    try:
+        return a.isatty() and b.isatty() and os.path.samestat(os.fstat(a.fileno()), os.fstat(b.fileno()))
+    except (AttributeError, OSError, ValueError):
+        return False

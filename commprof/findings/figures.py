@@ -67,6 +67,10 @@ def with_figures(block: dict | None, doc: dict) -> dict | None:
                                        "scope": "from the job's own figures only: the other kinds read a trace"}
     if block.get("items") is None:
         return block
-    return {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
+    out = {**block, "items": sorted(block["items"] + found, key=lambda x: -x["ms_per_step"])}
+    contention = (doc.get("env") or {}).get("contention") or {}
+    if contention.get("contended"):  # another process's load can make a rank look slow: the reader is told
+        out["contended"] = {"others_cores": contention["others_cores"]}
+    return out
 
 

@@ -40,11 +40,13 @@ from commprof.kept import Kept
 from commprof.lifecycle import RankLife
 from commprof.profile import ending
 from commprof.record.clock import CpuClock, CudaClock
+from commprof.record.contention import note
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
 from commprof.report import files
 from commprof.report.env import local_env, merge_env
 from commprof.report.progress import StepProgress
+from commprof.report.script_table import print_profile
 from commprof.world import World, usable_cores
 
 
@@ -237,7 +239,7 @@ class Session:
 
     def _show_incomplete(self, doc: dict, reason: str) -> None:
         if doc.get("summary") is not None:
-            self._print(doc)
+            print_profile(doc)
             sys.stdout.write(f"incomplete: rank 0's {len(doc['iterations'])} measured iteration(s) only: "
                              f"{reason}\n")
 
@@ -263,27 +265,19 @@ class Session:
     def report(self, results: list[dict], env: dict) -> None:
         from commprof.profile.results import combine
 
+        if self.life.rank.contention is not None:
+            env["contention"] = self.life.rank.contention.read()
         doc = combine(self.cfg, results, env)
         from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 
         doc["findings"] = with_figures(of_trace(self.life.folder.path, link=self.cfg.link), doc)
-        self._print(doc)
+        print_profile(doc)
+        said = note(env.get("contention"))
+        if said:
+            sys.stdout.write(said + "\n")
         if self.cfg.out.json:
             files.write_result(self.cfg.out.json, {"complete": True, **doc})
-
-    @staticmethod
-    def _print(doc: dict) -> None:
-        from commprof.report.findings_block import findings_text
-        from commprof.report.fit import results_console
-        from commprof.report.script_table import profile_tables
-
-        console = results_console()
-        found = findings_text(doc.get("findings"))
-        if found is not None:
-            console.print(found, highlight=False)
-        for table in profile_tables(doc):
-            console.print(table)
 
     def close(self) -> None:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""

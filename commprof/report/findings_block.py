@@ -29,6 +29,9 @@ def findings_text(block: dict | None) -> Text | None:
         out.append(f"  {f['kind']:<14}", style="bold")
         at_least = "≥ " if f.get("step_without_lower_bound") else ""
         out.append(f"{_what(f)}; step without it {at_least}{f['step_ms_without']:.1f} ms{_bound(f)}\n")
+    if block.get("contended"):
+        out.append(f"  (measured while other processes used {block['contended']['others_cores']:.1f} core(s) of this "
+                   "host: a straggler or an imbalance here may be the machine's, not a rank's)\n", style="dim")
     if block.get("step_ms") is not None:
         out.append(f"  (the step: {block['step_ms']:.1f} ms, the median over the measured iterations of the slowest "
                    "rank's; the tables show each rank's median)\n", style="dim")
@@ -50,9 +53,10 @@ def _what(f: dict) -> str:
     ms, share, e = f["ms_per_step"], f["share_of_step"] * 100, f["evidence"]
     if f["kind"] == "straggler":
         peers = ", ".join(f"rank {r} {w:.1f} ms" for r, w in sorted(e["peers_wait_ms"].items(), key=_rank))
+        lo, hi = e.get("ms_per_step_ci95") or (ms, ms)
         return (f"rank {f['rank']} arrives last at {e['last_at_share'] * 100:.0f} % of its ops; its peers wait "
-                f"{ms:.1f} ms/step for it ({share:.0f} % of the step: {peers}); its own time "
-                f"{e['busy_ms']:.1f} ms against the others' {e['others_busy_ms']:.1f} ms")
+                f"{ms:.1f} ms/step for it (95 % interval {lo:.1f}–{hi:.1f}; {share:.0f} % of the step: {peers}); "
+                f"its own time {e['busy_ms']:.1f} ms against the others' {e['others_busy_ms']:.1f} ms")
     if f["kind"] == "imbalance":
         busy = sorted(f["evidence"]["busy_ms"].items(), key=_rank)
         return (f"rank {f['rank']}'s own time (compute, data, optimizer) is the longest: "

@@ -77,3 +77,16 @@ def summary_text(doc: dict) -> Text:
 def profile_tables(doc: dict) -> list:
     extra = [t for t in (group_table(doc), outside_table(doc)) if t is not None]
     return [_header(doc), time_table(doc), volume_table(doc), *extra, summary_text(doc)]
+
+
+def print_profile(doc: dict) -> None:
+    """The report on stdout: the findings first, then the tables."""
+    from commprof.report.findings_block import findings_text
+    from commprof.report.fit import results_console
+
+    console = results_console()
+    found = findings_text(doc.get("findings"))
+    if found is not None:
+        console.print(found, highlight=False)
+    for table in profile_tables(doc):
+        console.print(table)

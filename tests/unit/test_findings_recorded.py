@@ -190,6 +190,22 @@ def test_host_work_every_rank_does_is_a_finding_and_one_ranks_alone_is_not():
     assert [f["kind"] for f in with_figures(traced, {"summary": summary(21.0, 20.0)})["items"]] == ["straggler", "host"]
 
 
+def test_findings_of_a_contended_host_say_so(recorded):
+    # on a busy machine stragglers were named with no cause: the reader is told the machine was shared
+    from commprof.findings.figures import with_figures
+    from commprof.report.findings_block import findings_text
+
+    doc = load(recorded("slowed"))
+    busy = {**doc, "env": {**doc["env"], "contention": {"contended": True, "others_cores": 1.4}}}
+    block = with_figures(doc["findings"], busy)
+    assert block["contended"] == {"others_cores": 1.4}
+    text = " ".join(findings_text(block).plain.split())
+    assert "measured while other processes used 1.4 core(s) of this host" in text
+    assert "95 % interval" in text
+    quiet = {**doc, "env": {**doc["env"], "contention": {"contended": False, "others_cores": 0.1}}}
+    assert "contended" not in with_figures(doc["findings"], quiet)
+
+
 @pytest.mark.parametrize("name", ["slowed", "balanced", "per-param"])  # "fused" was recorded without a trace
 def test_no_step_without_a_cause_is_above_the_step(recorded, name):
     # a replay that priced an op higher without its cause printed a "step without it" above the step

@@ -7,6 +7,8 @@ said once on stderr."""
 import csv
 import json
 import os
+import re
+import resource
 import signal
 import stat
 import subprocess
@@ -61,6 +63,27 @@ def test_a_device_that_refuses_is_one_line_and_stays_a_device(tmp_path):
     assert one_line(proc) == "cannot write /dev/full: No space left on device"
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert not job_folders(tmp_path)  # the launcher's clean-up ran, whatever its salvage met
+
+
+def test_a_disk_that_fills_during_a_run_is_one_line_naming_the_file(tmp_path):
+    # a write refused past RLIMIT_FSIZE (EFBIG), as a full disk refuses one (ENOSPC), on every file of the job:
+    # the line was said twice, with a bare OSError naming no file, and one on a rank that was not speaking
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.RLIM_INFINITY))
+
+    out, traces = tmp_path / "r.json", tmp_path / "t"
+    proc = subprocess.run([sys.executable, "-m", "commprof", "run", "--strategy", "ddp", "--nproc", "2", "--steps",
+                           "10", "--warmup", "1", "--eval-samples", "0", "--json", str(out), "--trace", str(traces)],
+                          env=env_for_tests(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=120,
+                          preexec_fn=small_files)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = one_line(proc)
+    # (the claimant adds what its peer was doing: "; rank 1 was in no op")
+    assert re.match(rf"cannot write {re.escape(str(traces))}/rank[01]\.trace\.json: File too large", line), line
+    doc = json.loads(out.read_text())  # what was kept, whole, with the job's verdict
+    assert doc["complete"] is False and doc["reason"] == line
+    assert not job_folders(tmp_path)
 
 
 def test_dev_null_takes_the_results_and_stays_a_device(tmp_path):

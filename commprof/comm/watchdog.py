@@ -32,6 +32,7 @@ import time
 from commprof import job, streams
 from commprof.comm import flight
 from commprof.errors import CommprofError, PeerError, PeerTimeoutError
+from commprof.report.files import OutputError
 
 ANSWER_S = 2.0
 """How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
@@ -53,6 +54,8 @@ class Watchdog:
         self._dump_dir = dump_dir
         self._poll_s = min(poll_s, timeout_s / 4)
         self._salvage: list = []
+        self._writing = False
+        """The failure is a file that could not be written: another refused write in the salvage is not said."""
         self._stop = threading.Event()
         self._failing = threading.Lock()
         self._threads = [threading.Thread(target=self._time, name="commprof-watchdog", daemon=True),
@@ -126,6 +129,7 @@ class Watchdog:
         """End the job for `err`, from any thread; never returns. `say`: what this rank shows instead of the
         one line when it speaks for the job and the verdict stays `err`'s (a script's own traceback)."""
         self._failing.acquire()  # a second failure (the other thread) waits here for the exit
+        self._writing = isinstance(err, OutputError)
         self._stop.set()
         self._end_with(err.exit_code, self._conclude, err, say)
 
@@ -205,13 +209,16 @@ class Watchdog:
     def _snapshot(self, reason: str) -> dict:
         return flight.snapshot(self._comm.recorder, rank=self._rank, reason=reason)
 
-    def _run_salvage(self, code: int, message: str) -> None:
+    def _run_salvage(self, code: int, message: str, *, speak: bool = True) -> None:
         for fn in self._salvage:
             try:
                 fn(code, message)
             except BaseException as exc:  # best effort, a Ctrl-C in the middle too: never let it hide the failure
-                if str(exc) not in message or not str(exc):  # the failure itself (a file that cannot be written)
-                    sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: "  # is said once
+                # said by the rank that speaks for the job, and once: not when it is the failure itself (a file
+                # that cannot be written), nor another write refused when a write was the failure (a full disk)
+                same = (str(exc) and str(exc) in message) or (self._writing and isinstance(exc, OSError | OutputError))
+                if speak and not same:
+                    sys.stderr.write(f"commprof: rank {self._rank}: could not save the results: "
                                      f"{str(exc) or type(exc).__name__}\n")
 
     def _leave(self, code: int, message: str, *, speak: bool, say: str | None = None) -> None:
@@ -222,7 +229,7 @@ class Watchdog:
                 flight.dump(self._dump_dir, self._snapshot(message))
             except OSError:
                 pass
-        self._run_salvage(code, message)
+        self._run_salvage(code, message, speak=speak)
         job.tell_torchrun(message if speak else f"rank {self._rank} ended on a peer's failure: {message}",
                           first=speak)
         if speak and job.claim(code, message, self._rank):

@@ -36,6 +36,7 @@ from commprof.record.clock_sync import host_name, sync_clocks
 from commprof.record.gpu_trace import StreamSpans
 from commprof.record.merge import load, merge, parse, write_merged  # noqa: F401 (trace.load, trace.merge)
 from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
+from commprof.report.files import OutputError
 
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
@@ -149,8 +150,11 @@ class TraceRecorder:
         lead = ("[\n" if not self._end else "") + (",\n" if self._written and events else "")
         data = (lead + ",\n".join(events) + CLOSE).encode()
         done = 0
-        while done < len(data):  # a regular file takes it whole, short of a full disk or a fatal signal
-            done += os.pwrite(self._fd, data[done:], self._end + done)
+        try:
+            while done < len(data):  # a regular file takes it whole, short of a full disk or a fatal signal
+                done += os.pwrite(self._fd, data[done:], self._end + done)
+        except OSError as exc:  # the job's one line names the file (a full disk: the private trace's too)
+            raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self._end += len(data) - len(CLOSE)
         self._written += len(events)
 

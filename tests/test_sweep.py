@@ -4,6 +4,7 @@ speed-up arithmetic, the plots written from the same data, and bad grids refused
 
 import csv
 import json
+import re
 
 import pytest
 from spawn import commprof, env_for_tests
@@ -87,12 +88,14 @@ def test_report_markdown_is_the_grid_table(grid):
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("| configuration | wall ms |") and lines[1].startswith("| --- | ---: |")
     table = [line.strip("| ").split(" | ") for line in lines[2:] if line.startswith("|")]
+    for cells in table:  # a configuration measured on a busy host says so beside its name
+        cells[0] = re.sub(r" \((oversubscribed|contended) [^)]*\)$", "", cells[0])
     assert [cells[0] for cells in table] == list(rows)
     heads = lines[0].strip("| ").split(" | ")
     for cells in table:
         row = rows[cells[0]]
         assert float(cells[heads.index("wall ms")].replace(",", "")) == pytest.approx(float(row["wall_ms"]), abs=0.005)
-        assert float(cells[heads.index("speed-up")]) == pytest.approx(float(row["speedup"]), abs=0.005)
+        assert float(cells[heads.index("speed-up")].rstrip("?")) == pytest.approx(float(row["speedup"]), abs=0.005)
     assert "over the `single` run" in proc.stdout
 
 

@@ -339,14 +339,18 @@ def _kill_rank(folder: Path, pid: int) -> None:
 def _salvage(folder: Path, code: int, json_path: str | None, trace_dir: str | None) -> None:
     """A failed job's files: the JSON (as far as it got) marked incomplete, the trace merged."""
     reason = (job.failure(folder) or {}).get("message") or ("interrupted" if code == 130 else f"exit {code}")
-    if json_path:
-        from commprof.report.files import mark_incomplete
+    from commprof.report.files import OutputError, mark_incomplete
 
-        mark_incomplete(json_path, reason)
+    # best effort, and quiet: the job has said its line (a full disk that failed it refuses these writes too)
+    if json_path:
+        try:
+            mark_incomplete(json_path, reason)
+        except (OSError, OutputError):
+            pass
     if trace_dir and any(Path(trace_dir).glob("rank*.trace.json")):
         from commprof.record import trace
 
         try:
             trace.merge(trace_dir)
-        except (OSError, ValueError):
+        except (OSError, ValueError, OutputError):
             pass

@@ -15,6 +15,7 @@ from spawn import commprof, env_for_tests
 
 from commprof.findings import whatif
 from commprof.findings.arrivals import analyze
+from commprof.findings.kinds import find
 from commprof.perfmodel import timeline
 
 SCRIPT = str(Path(__file__).with_name("scripts") / "straggler_train.py")
@@ -66,7 +67,13 @@ def near_delay(found: dict, delay: float, value: float | None = None, rel: float
     e = found["evidence"]
     besides = (e["busy_ms"] - delay) - e["others_busy_ms"]
     value = found["ms_per_step"] if value is None else value
-    return abs(value - delay) <= rel * delay + abs(besides)
+    if abs(value - delay) <= rel * delay + abs(besides):
+        return True
+    # on a busy machine a peer descheduled in its own compute arrives late too, and waits less for the slept rank
+    # in that iteration: the medians of busy time above do not show it, the cost's own 95 % interval over the
+    # iterations does — the delay must lie within it (and within `rel` of the value beyond it)
+    lo, hi = e["ms_per_step_ci95"]
+    return lo - rel * delay <= delay <= hi + rel * delay and abs(value - delay) <= (hi - lo) + rel * delay
 
 
 def test_a_failed_or_killed_ranks_private_trace_goes_too(tmp_path):
@@ -133,7 +140,11 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     assert statistics.median(x.spread_ms for x in a.arrivals) > DELAY_MS / 2, a.arrivals
     # the straggler, wherever it ranks: on a loaded machine the exposed transfer of the 0.5 MiB bucket was seen
     # to cost more a step than the delay (so listed first), the arrivals still DELAY_MS apart (above)
-    (top,) = [f for f in doc["findings"]["items"] if f["kind"] == "straggler"] or [doc["findings"]]
+    # reported when the lower end of its cost's 95 % interval reaches the threshold; on a machine busy enough
+    # that it does not, the findings say the host was contended. The pricing is checked either way
+    reported = [f for f in doc["findings"]["items"] if f["kind"] == "straggler"]
+    assert reported or doc["findings"].get("contended"), doc["findings"]
+    (top,) = reported or [f for f in find(m, threshold=0.0, a=a) if f["kind"] == "straggler"] or [doc["findings"]]
     assert top.get("rank") == 1, doc["findings"]
     # the aligned ops are what price the late ones (the measured ones, all late, price none); how many met
     # within a quarter of their transfer depends on the machine: a busy loop beside it left none in 1 of 3 runs
@@ -143,7 +154,8 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     # one aligned iteration alone prices nothing: one instance of an op is too few (whatif.MIN_MET)
     assert whatif.priced_aligned(dataclasses.replace(a, aligned=a.aligned[:2]), 1) == 0
     assert top["step_without_lower_bound"] == (priced < 1), top
-    assert ("a higher --warmup prices more" in " ".join(proc.stdout.split())) == (priced < 1), proc.stdout[:2000]
+    if reported:
+        assert ("a higher --warmup prices more" in " ".join(proc.stdout.split())) == (priced < 1), proc.stdout[:2000]
     assert near_delay(top, DELAY_MS), top
 
 

@@ -50,5 +50,4 @@ def test_run_and_profile_show_progress_on_a_terminal_only(tmp_path):
     assert re.search(r"iteration \d+ \d+\.\d ms/iteration \d+:\d\d:\d\d", plain), plain[-2000:]
     # the script's own line goes above the progress line, on a line of its own, not onto it
     assert re.search(r'(^|[\r\n])\{"params": ', plain), plain[-2000:]
-    piped = commprof("run", "--strategy", "ddp", *steps, "--steps", "12", "--eval-samples", "0")
-    assert piped.returncode == 0 and "ms/iteration" not in piped.stderr, piped.stderr[-2000:]
+    # off a terminal nothing of it: tests/test_run_cli.py (a run whose stderr is a pipe)

@@ -224,7 +224,8 @@ def test_ddp_of_scalar_parameters_checks_the_model_as_torch_does(tmp_path):
     assert outside(doc) == {"all_gather": (1, 2 * 8), "broadcast": (2 + 2, 0 + 4 + 12), "all_reduce": (4, 4 * 4)}
     assert volume(doc) == {"all_reduce": (1, 4)}
     # the gradient (3 + 6) / 2 = 4.5 a step, the same on both ranks
-    finals = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("a ")]
+    finals = [float(line.split()[1]) for line in proc.stdout.splitlines()  # the script's own "a VALUE" lines
+              if re.fullmatch(r"a -?\d+(\.\d+)?(e-?\d+)?", line.strip())]
     assert finals == pytest.approx([1.0 - 6 * 0.1 * 4.5] * 2, abs=1e-6), proc.stdout[:300]
 
 

@@ -26,6 +26,7 @@ def test_ddp_json_has_every_figure_per_rank_per_iteration(tmp_path):
     doc, proc = run_json(tmp_path, "--strategy", "ddp", "--model", "mnist-cnn", "--nproc", "2", "--steps", "5",
                          "--warmup", "1", "--batch-size", "16", "--samples", "1000", "--bucket-mb", "0.02")
     assert {"env", "config", "iterations", "summary", "volume"} <= set(doc)
+    assert "ms/iteration" not in proc.stderr  # the progress line is for a terminal only (tests/test_fit.py)
     assert len(doc["iterations"]) == 2 * 4
     for it in doc["iterations"]:
         assert set(FIGURES) <= set(it)

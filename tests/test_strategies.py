@@ -40,7 +40,7 @@ def test_transformer_units_accumulation_and_checkpointing():
 
 
 def test_fsdp_without_prefetch_and_frozen_backbone():
-    rows = run_worker(2, "gloo", strategies=["ddp", "fsdp"], model="alexnet", frozen=True, prefetch=False,
+    rows = run_worker(2, "gloo", strategies=["ddp", "fsdp"], model="squeezenet1_0", frozen=True, prefetch=False,
                       batch=2, steps=2, lr=0.01)
     assert all(r["max_abs_diff"] <= 2e-5 for r in rows)
 

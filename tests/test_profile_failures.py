@@ -139,10 +139,10 @@ def test_under_torchrun_the_traceback_shows_once_and_the_failing_rank_is_the_roo
     assert f"traceback : rank 1: {DDP} raised RuntimeError: bad batch at step 3" in root
 
 
+# a stall (a desync under profile: the scripts above that call different things)
 @pytest.mark.parametrize("fault,code,said", [
     ("stall:rank=1:op=all_reduce:seq=3", 3, "rank 0: all_reduce did not complete within 5 s (--timeout): a peer "
                                             "rank stalled or died"),
-    ("desync:rank=1:op=all_reduce:seq=3", 4, "desync at "),
 ])
 def test_injected_faults_work_under_profile(tmp_path, fault, code, said):
     proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--", DDP, "--steps", "6",

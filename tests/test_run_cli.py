@@ -77,7 +77,8 @@ def test_real_mnist_files_one_epoch_with_accuracy(tmp_path):
     assert "held-out accuracy" in proc.stdout
 
 
-@pytest.mark.parametrize("strategy, precision", [("zero2", "bf16"), ("zero2", "fp16"), ("ddp", "fp16")])
+# fp16's loss scaling on both kinds of gradient exchange (bf16's tensors on the wire: tests/test_tensor.py)
+@pytest.mark.parametrize("strategy, precision", [("zero2", "fp16"), ("ddp", "fp16")])
 def test_mixed_precision_runs(tmp_path, strategy, precision):
     doc, _ = run_json(tmp_path, "--strategy", strategy, "--model", "bert-tiny", "--nproc", "2", "--steps", "3",
                       "--warmup", "1", "--batch-size", "4", "--seq-len", "16", "--precision", precision)

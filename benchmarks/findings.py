@@ -23,8 +23,8 @@ leaves them, or each on its own cores (--bind-cores: profile's flag).
                                   [--steps 48] [--warmup 4] [--clock-ms 500] [--bind-cores] [--json PATH]
 
 48 steps a job: one step of the balanced job takes 7–20 ms here, and a median of fewer moves by ~10 % from
-run to run. --quick: D = 20 on gloo, 6 steps, one balanced run; seconds, to see that it runs. Targets: cost and step within 15 %,
-saving within 25 %, clock offset within 0.2 ms. Results: benchmarks/README.md.
+run to run. --quick: D = 20 on gloo, 6 steps, one balanced run; seconds, to see that it runs. Targets: cost and
+step within 15 %, saving within 25 %, clock offset within 0.2 ms. Results: benchmarks/README.md.
 """
 
 from __future__ import annotations

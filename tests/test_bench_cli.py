@@ -16,7 +16,7 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 
 
-# Every backend and every world size 1-4 once (tests/test_comm.py runs all eight pairs op by op): a rank
+# Every backend and every world size 1-4 once (tests/test_comm.py runs six pairs op by op): a rank
 # alone, the non-power-of-two rounding, and oversubscription.
 @pytest.mark.parametrize("backend,nproc", [("gloo", 1), ("mpi", 2), ("gloo", 3), ("mpi", 4)])
 def test_sweep_every_collective(tmp_path, backend, nproc):

@@ -318,3 +318,64 @@ def ratio_ci(num: Sequence[float], den: Sequence[float]) -> dict:
     """The per-round ratios num/den: their median, its 95 % CI (median_ci) and the number of rounds."""
     ratios = [a / b for a, b in zip(num, den, strict=True)]
     return {"ratio": statistics.median(ratios), "ci95": median_ci(ratios), "rounds": len(ratios)}
+
+
+# ---- a workload two benchmarks train ------------------------------------------------------------------
+def fsdp2_units(_, device):
+    """One training step of many small FSDP2 units, shaped like PyTorch's FSDP2 example
+    (distributed/FSDP2/example.py): profile_cost.py's workload of that name, and interception_cost.py's."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    width, heads, vocab, seq, batch, n_blocks = 16, 4, 1024, 64, 32, 10
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(3))
+            self.proj = torch.nn.Linear(width, width, bias=False)
+            self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (lin(self.ln1(x)).view(b, t, heads, -1).transpose(1, 2) for lin in self.qkv)
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, width))
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = torch.nn.Embedding(vocab, width), torch.nn.Embedding(seq, width)
+            self.layers = torch.nn.ModuleList(Block() for _ in range(n_blocks))
+            self.norm, self.out = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab, bias=False)
+
+        def forward(self, tokens):
+            h = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            for layer in self.layers:
+                h = layer(h)
+            return self.out(self.norm(h)).float()
+
+    model = Model().to(device)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    blocks = list(model.layers)
+    for i, layer in enumerate(blocks):  # prefetch two blocks ahead, forward and backward
+        if i + 2 < n_blocks:
+            layer.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
+        if i >= 2:
+            layer.set_modules_to_backward_prefetch([blocks[i - 1], blocks[i - 2]])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+
+    def step():
+        model.unshard()
+        x = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+        model(x).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: None

@@ -45,7 +45,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import image_model, job, median_ci, parse, parser, ranks, with_root
+from common import fsdp2_units, image_model, job, median_ci, parse, parser, ranks, with_root  # noqa: F401 (a workload, by name)
 
 TARGET = 1.02
 WORKLOADS = ("ddp", "fsdp2", "fsdp2_units", "pipeline", "tp", "small")
@@ -117,64 +117,6 @@ def fsdp2(_, device):
         opt.zero_grad()
 
     return step, lambda: {k: v.full_tensor() for k, v in model.state_dict().items()}
-
-
-def fsdp2_units(_, device):
-    import torch
-    import torch.nn.functional as F
-    from torch.distributed.fsdp import fully_shard
-
-    width, heads, vocab, seq, batch, n_blocks = 16, 4, 1024, 64, 32, 10
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
-            self.qkv = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(3))
-            self.proj = torch.nn.Linear(width, width, bias=False)
-            self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = (lin(self.ln1(x)).view(b, t, heads, -1).transpose(1, 2) for lin in self.qkv)
-            x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, width))
-            return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = torch.nn.Embedding(vocab, width), torch.nn.Embedding(seq, width)
-            self.layers = torch.nn.ModuleList(Block() for _ in range(n_blocks))
-            self.norm, self.out = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab, bias=False)
-
-        def forward(self, tokens):
-            h = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-            for layer in self.layers:
-                h = layer(h)
-            return self.out(self.norm(h)).float()
-
-    model = Model().to(device)
-    for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    blocks = list(model.layers)
-    for i, layer in enumerate(blocks):  # prefetch two blocks ahead, forward and backward
-        if i + 2 < n_blocks:
-            layer.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
-        if i >= 2:
-            layer.set_modules_to_backward_prefetch([blocks[i - 1], blocks[i - 2]])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-
-    def step():
-        model.unshard()
-        x = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
-        model(x).sum().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-        opt.step()
-        opt.zero_grad()
-
-    return step, lambda: None
 
 
 def pipeline(_, device):
@@ -255,7 +197,7 @@ def script(workloads: list[str], steps: int, warmup: int, model_name: str, devic
     dist.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
     for workload in workloads:
         torch.manual_seed(0)
-        step, after = globals()[workload](model_name, device)
+        step, after = globals()[workload](model_name, device)  # fsdp2_units: common.py's
         times = []
         for _ in range(steps):
             sync()

@@ -1,0 +1,149 @@
+"""What the interception layer costs a training step, measured inside one profiled job: the run-to-run noise
+of whole launches (±7 % between launches of the same plain script on this VM) is larger than the cost
+profile_cost.py looks for, and steps side by side in one process do not carry it.
+
+One `commprof profile` job of 2 gloo ranks trains two copies of profile_cost.py's fsdp2_units workload (PyTorch's
+FSDP2 example's shape: 10 per-block units, prefetch, Adam, clip), each on its own process group. Blocks of
+--block steps alternate between
+- on: the copy whose group was made with commprof's backend in front of gloo (intercept/seen.py), with
+  torch.distributed's names routed through Comm (interpose.py) and the module, optimizer and autograd hooks in
+  place (record/hooks.py) — what every step of a profiled script pays;
+- off: the copy on a group made without it, the names torch's own, the hooks removed — a plain step, in the
+  same process.
+A second kind of job, A/A, alternates the same way with nothing switched (both copies on plain groups): the
+comparison's own noise, place in the job and model copy included. The first step of each block is left out;
+each block's median step is divided by the median of the next block of the other arm; the result is the median
+of those ratios over every job, with its 95 % CI (common.median_ci). What stays on in both arms: the trace and
+NVTX ranges of the job, its watchdog, and the functional collectives' kernels (clip's one all_reduce).
+
+    python benchmarks/interception_cost.py [--quick] [--jobs 3] [--steps 160] [--block 5]
+
+Results: benchmarks/README.md, benchmarks/results/interception-cost-results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from common import fsdp2_units, job, median_ci, parse, parser, with_root
+
+QUICK = {"jobs": 1, "steps": 8, "block": 2}
+KINDS = ("interception", "A/A")
+RUN_TIMEOUT_S = 900
+
+
+def script(kind: str, steps: int, block: int) -> None:
+    """One rank of a job (run under `commprof profile`): prints rank 0's per-block pair ratios as JSON."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.fsdp as fsdp
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from commprof.intercept import interpose, seen
+    from commprof.record import hooks
+
+    dist.init_process_group("gloo")
+
+    def plain_group():
+        """A group made as torch makes it, without commprof's backend in front of gloo."""
+        made_seen = c10d._new_process_group_helper
+        c10d._new_process_group_helper = seen._SAVED["helper"]
+        try:
+            return dist.new_group(backend="gloo")
+        finally:
+            c10d._new_process_group_helper = made_seen
+
+    plain = plain_group()
+    other = plain_group() if kind == "A/A" else dist.new_group(backend="gloo")
+
+    def copy(group):
+        mesh, shard = DeviceMesh.from_group(group, "cpu"), fsdp.fully_shard
+        fsdp.fully_shard = lambda module, **kw: shard(module, mesh=mesh, **kw)
+        torch.manual_seed(0)
+        try:
+            return fsdp2_units(None, torch.device("cpu"))[0]
+        finally:
+            fsdp.fully_shard = shard
+
+    steps_of = {"on": copy(other), "off": copy(plain)}
+    tracker, backward = hooks.ACTIVE, torch.autograd.backward
+
+    def switch(arm: str) -> None:
+        if kind == "A/A":
+            return
+        if arm == "off":
+            interpose._hide()
+            for handle in tracker._handles:
+                handle.remove()
+            torch.autograd.backward = backward.__wrapped__
+        else:
+            interpose._show()
+            tracker.install()
+            torch.autograd.backward = backward
+
+    blocks: list[tuple[str, list[float]]] = []
+    for i in range(steps):
+        arm = "off" if (i // block) % 2 else "on"
+        if i % block == 0:
+            switch(arm)
+            blocks.append((arm, []))
+        start = time.perf_counter()
+        steps_of[arm]()
+        if i % block:  # the block's first step pays for the switch
+            blocks[-1][1].append((time.perf_counter() - start) * 1e3)
+    switch("on")
+    medians = [(arm, statistics.median(ms)) for arm, ms in blocks[1:] if ms]  # the first block warms up
+    ratios = [(a[1] / b[1]) if a[0] == "on" else (b[1] / a[1]) for a, b in zip(medians, medians[1:])]
+    if dist.get_rank() == 0:
+        print(json.dumps({"ratios": ratios, "on_ms": statistics.median(m for a, m in medians if a == "on"),
+                          "off_ms": statistics.median(m for a, m in medians if a == "off")}), flush=True)
+    dist.destroy_process_group()
+
+
+def run(kind: str, steps: int, block: int) -> dict:
+    env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
+    out = job([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--", __file__, "--script", kind,
+               "--steps", str(steps), "--block", str(block)], env=env, timeout_s=RUN_TIMEOUT_S,
+              what=f"interception_cost: {kind}")
+    return next(json.loads(line) for line in out.splitlines() if line.startswith('{"ratios"'))
+
+
+def main() -> None:
+    p = parser(__doc__, json="interception-cost-results.json")
+    p.add_argument("--script", choices=KINDS, help=argparse.SUPPRESS)
+    p.add_argument("--jobs", type=int, default=3, help="jobs of each kind, taken in turn (default 3)")
+    p.add_argument("--steps", type=int, default=160, help="steps per job (default 160)")
+    p.add_argument("--block", type=int, default=5, help="steps per block (default 5)")
+    args = parse(p, QUICK)
+    if args.block < 2 or args.steps < 4 * args.block:
+        p.error("--block must be at least 2 and --steps at least 4 blocks")
+    if args.script:
+        script(args.script, args.steps, args.block)
+        return
+    got = {kind: [] for kind in KINDS}
+    for j in range(args.jobs):
+        for kind in KINDS if j % 2 == 0 else KINDS[::-1]:
+            got[kind].append(run(kind, args.steps, args.block))
+    rows = []
+    for kind in KINDS:
+        ratios = [r for x in got[kind] for r in x["ratios"]]
+        low, high = median_ci(ratios)
+        rows.append({"kind": kind, "ratio": statistics.median(ratios), "ci95": [low, high], "pairs": len(ratios),
+                     "on_ms": [x["on_ms"] for x in got[kind]], "off_ms": [x["off_ms"] for x in got[kind]]})
+        print(f"{kind}: on ÷ off {rows[-1]['ratio']:.3f} ({low:.3f} … {high:.3f}) over {len(ratios)} block pairs; "
+              f"off step {statistics.median(rows[-1]['off_ms']):.1f} ms", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "jobs": args.jobs, "steps": args.steps,
+                                               "block": args.block}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

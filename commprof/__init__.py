@@ -26,7 +26,8 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
   strategies/, kernels/                    training strategies and collective algorithms, on Comm
   perfmodel/                               the models below every analysis: α–β fits, fabrics, a traced
                                            iteration as a program, its replay at N ranks
-  findings/                                what made a traced job wait, ranked by what it costs a step
+  findings/, live/                         what made a traced job wait, ranked by what it costs a step;
+                                           the same while a job runs, window by window, to Prometheus
   netns, launch, lifecycle, kept           a local MPI job's own network; the launcher; the job's life
                                            cycle every command runs through; rank 0's results kept as
                                            the job goes

@@ -115,6 +115,21 @@ class ControlPlane:
                 return out
             time.sleep(0.05)
 
+    def post_window(self, index: int, window: dict) -> None:
+        """This rank's live window `index` (live/monitor.py), for rank 0 to combine."""
+        self._store.set(f"{PREFIX}live/{index}/{self.rank}", json.dumps(window))
+
+    def windows(self, index: int, ranks: list[int]) -> dict[int, dict]:
+        """{rank: its live window `index`} of those of `ranks` that posted it; each one read leaves the store,
+        which holds no more than the windows not yet combined."""
+        out = {}
+        for r in ranks:
+            key = f"{PREFIX}live/{index}/{r}"
+            if self._store.check([key]):
+                out[r] = json.loads(self._store.get(key))
+                self._store.delete_key(key)
+        return out
+
     def post_verdict(self, code: int, message: str) -> None:
         self._store.set(PREFIX + "verdict", json.dumps({"code": code, "message": message}))
 

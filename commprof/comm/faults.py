@@ -1,6 +1,6 @@
 """Fault injection at the Comm level, for exercising how a job fails: `COMMPROF_FAULT`, a comma list of
 
-    KIND:rank=R[:op=NAME][:seq=N][:at=start][:signal=SIG][:ms=D]
+    KIND:rank=R[:op=NAME][:seq=N][:from_step=K][:at=start][:signal=SIG][:ms=D]
 
 KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hung rank)
        stop    the rank sends itself SIGSTOP: nothing of it runs any more (a frozen process)
@@ -14,6 +14,8 @@ KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hu
 rank   which rank (default 0)
 op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
 seq    fire at the N-th such op this rank issues, 1-based (default 1)
+from_step  count ops only from the K-th iteration of a profiled script on (0-based, as its JSON numbers
+       them; default 0): a rank that turns slow in the middle of a job
 at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op;
        `init`: after the check-in, just before MPI_Init or the rendezvous (where the start-up deadline holds)
 ms     how long `slow` sleeps, how far `clock` is ahead (default 10)
@@ -22,6 +24,7 @@ ms     how long `slow` sleeps, how far `clock` is ahead (default 10)
     COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
     COMMPROF_FAULT=desync:rank=1:seq=3 commprof bench all_reduce --backend mpi --nproc 2
     COMMPROF_FAULT=slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --bucket-mb 100 --trace t/
+    COMMPROF_FAULT=slow:rank=1:op=all_reduce:ms=30:from_step=40 commprof profile --nproc 2 --live -- train.py
     COMMPROF_FAULT=clock:rank=1:ms=500,slow:rank=1:op=all_reduce:ms=20 commprof run --nproc 2 --trace t/
 
 The hot path pays one attribute test per op when no fault is set. Exercised by:
@@ -59,6 +62,8 @@ class Fault:
     """The signal `die` sends."""
     ms: float = 10.0
     """How long `slow` sleeps before each op; how far ahead `clock` reads."""
+    from_step: int = 0
+    """Count ops only from this iteration of a profiled script on (its tracker tells the injector)."""
 
 
 def parse(spec: str) -> list[Fault]:
@@ -71,7 +76,7 @@ def parse(spec: str) -> list[Fault]:
         values: dict = {}
         for field in fields:
             key, _, value = field.partition("=")
-            if key in ("rank", "seq"):
+            if key in ("rank", "seq", "from_step"):
                 if not value.isdigit():
                     raise UsageError(f"{ENV}: {key}={value!r} in {part!r} is not a whole number")
                 values[key] = int(value)
@@ -85,7 +90,8 @@ def parse(spec: str) -> list[Fault]:
             elif key in ("op", "at", "signal"):
                 values[key] = value
             else:
-                raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, at, signal, ms")
+                raise UsageError(f"{ENV}: unknown field {key!r} in {part!r}: rank, op, seq, from_step, at, signal, "
+                                 "ms")
         fault = Fault(kind, **values)
         if fault.at not in ("op", "start", "init"):
             raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start', 'init' or leave it out")
@@ -107,6 +113,8 @@ class Injector:
         self._faults = [f for f in faults if f.kind != "clock"]
         self._counts = [0] * len(self._faults)
         self._firing = False
+        self.step = 0
+        """The profiled script's iteration now (record/hooks.py sets it): `from_step` reads it."""
 
     @classmethod
     def for_rank(cls, rank: int) -> "Injector | None":
@@ -123,7 +131,7 @@ class Injector:
         if self._firing:  # the extra op of a desync is not counted
             return
         for i, fault in enumerate(self._faults):
-            if fault.at != "op" or (fault.op is not None and fault.op != name):
+            if fault.at != "op" or (fault.op is not None and fault.op != name) or self.step < fault.from_step:
                 continue
             self._counts[i] += 1
             if self._counts[i] == fault.seq or (fault.kind == "slow" and self._counts[i] > fault.seq):

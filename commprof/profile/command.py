@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from commprof import flags, lifecycle
 from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
+from commprof.live.config import LiveConfig, add_live_flags, live_config
 from commprof.perfmodel.fabric import Fabric, link_flag
 from commprof.report.files import Outputs
 from commprof.world import World
@@ -64,6 +65,8 @@ class ProfileConfig:
     link: Fabric | None = None
     """The link the ops cross (--link-rate: a rate, a fabric spec or a bench JSON): the findings name the ops
     below half of its rate."""
+    live: LiveConfig | None = None
+    """--live: windows of steps exported while the job runs (docs/live.md); None: the figures at the end only."""
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -78,6 +81,7 @@ def add_parser(subparsers, summary: str) -> None:
     flags.add_job_flags(p, nproc="one per core or GPU, at least 2", json="every figure per rank per iteration",
                         timeout="; the script's own timeout=, if it gives one, wins")
     flags.add_link_flag(p)
+    add_live_flags(p)
     p.add_argument("script", help="the training script (give -- before it when it takes flags)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=main)
@@ -103,7 +107,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
                          warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
                          bind_cores=args.bind_cores, steps_per_epoch=args.steps_per_epoch,
                          global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out,
-                         link=link_flag(args.link_rate))
+                         link=link_flag(args.link_rate), live=live_config(args))
 
 
 class _Profile:

@@ -38,6 +38,7 @@ from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.intercept import Interception
 from commprof.kept import Kept
 from commprof.lifecycle import RankLife
+from commprof.live import monitor
 from commprof.profile import ending
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.contention import note
@@ -81,8 +82,10 @@ class Session:
         self.cfg, self.world, self.fault = cfg, world, fault
         self.recorder = OpRecorder(CpuClock())
         """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_adopt)."""
-        self.life = RankLife(cfg, world, slots(cfg.backend), findings=True)
-        """The rank's life cycle, bench's and run's (lifecycle.py), begun once the script's group exists."""
+        self.life = RankLife(cfg, world, slots(cfg.backend), findings=cfg.live is None)
+        """The rank's life cycle, bench's and run's (lifecycle.py), begun once the script's group exists. A live
+        job (days long) keeps no trace for its findings: its windows make them (live/)."""
+        self.live: monitor.Live | None = None
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
@@ -91,7 +94,7 @@ class Session:
         self.caught = Interception(self.recorder, warmup=cfg.warmup, route_ddp=cfg.ddp_reducer,
                                    on_default_group=self._adopt).__enter__()
         self.interposer, self.tracker = self.caught.interposer, self.caught.tracker
-        self.interposer.fault = fault
+        self.interposer.fault = self.tracker.fault = fault
         self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self._saved = (dist.init_process_group, dist.destroy_process_group, c10d.init_process_group,
                        c10d.destroy_process_group)
@@ -134,6 +137,11 @@ class Session:
         world.timeout_s = self._timeout_s
         world.control = _control_plane(world)
         rank = self.life.begin(world, backend=c10d.get_backend(pg))
+        if self.cfg.live is not None:
+            self.live = monitor.attach(self.cfg.live, self.tracker, rank=self.world.rank,
+                                       world_size=self.world.world_size, control=world.control,
+                                       progress=self.tracker.progress)
+            rank.on_failure(lambda code, message: self.live.close(message))
         if self.world.rank == 0:
             kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
             rank.on_failure(kept.abandon)
@@ -246,6 +254,8 @@ class Session:
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
         self.tracker.finish()
+        if self.live is not None:
+            self.live.close()
         results = self.life.gather(self._result(self.tracker.iterations, self.tracker.volumes))
         self.gathered = (results, self.life.rank.env)
         self.life.unwatch()
@@ -271,7 +281,9 @@ class Session:
         from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 
-        doc["findings"] = with_figures(of_trace(self.life.folder.path, link=self.cfg.link), doc)
+        block = (of_trace(self.life.folder.path, link=self.cfg.link) if self.life.folder is not None
+                 else monitor.findings_block(self.live))
+        doc["findings"] = with_figures(block, doc)
         print_profile(doc)
         said = note(env.get("contention"))
         if said:
@@ -281,6 +293,8 @@ class Session:
 
     def close(self) -> None:
         """Hooks off. A process group the script left behind stays: the process ends without finalizing."""
+        if self.live is not None:
+            self.live.close("the script ended before its process group was gathered")
         self.caught.__exit__(None, None, None)
         dist.init_process_group, dist.destroy_process_group, c10d.init_process_group, \
             c10d.destroy_process_group = self._saved

@@ -55,6 +55,12 @@ class Tracker:
         """A StepProgress (report/progress.py) that sees every iteration end, on rank 0's terminal."""
         self.on_end = None
         """Called after every measured iteration (rank 0 keeps its results as they grow: commprof/kept.py)."""
+        self.live = None
+        """Called with each measured iteration's figures, op log entries and waits (live/monitor.py)."""
+        self.keep: int | None = None
+        """The most measured iterations `iterations` and `volumes` hold (the latest); None: every one."""
+        self.fault = None
+        """The rank's fault injector (comm/faults.py), told each iteration's index (`from_step`)."""
         self.iterations: list[dict] = []
         """Measured iterations, in `commprof run`'s per-iteration form."""
         self.volumes: list[dict] = []
@@ -86,6 +92,8 @@ class Tracker:
         if self.index == self.warmup:
             ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
             self._measuring = True
+        if self.fault is not None:
+            self.fault.step = self.index
         self.phases.begin(self.index, aligned=0 < self.index < self.warmup)  # record/aligned.py
         self._started = self.phases.now()
         self.open = True
@@ -98,8 +106,13 @@ class Tracker:
         split = self.phases.end()
         if self.index >= self.warmup:
             self._ended_ns = time.perf_counter_ns()
+            ops = self.phases.ops()
             self.iterations.append({"step": self.index, **split.figures()})
-            self.volumes.append(step_volume(self.phases.ops()))
+            self.volumes.append(step_volume(ops))
+            if self.live is not None:
+                self.live(self.iterations[-1], ops, self.phases.waits())
+            if self.keep is not None and len(self.iterations) > self.keep:
+                del self.iterations[0], self.volumes[0]
         else:
             self.outside += self.phases.ops()
         first, last, waits = self.phases.read()

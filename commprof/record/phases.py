@@ -232,6 +232,10 @@ class Phases:
         """The comm ops logged since the iteration began, up to its end once it has ended."""
         return self.recorder.ops[self._op_mark:self._op_end]
 
+    def waits(self) -> list[tuple]:
+        """The ended iteration's waits: (name, start, end) while the training thread was blocked on an op."""
+        return self.recorder.waits[self._wait_mark:self._wait_end]
+
     def read(self) -> tuple[int, int, int]:
         """Where the ended iteration's ops begin and end in the log, and how many of its waits the log held
         at its end (with those before it): entries before the first are of no iteration, and recorder.drop

@@ -54,7 +54,9 @@ def _what(f: dict) -> str:
     if f["kind"] == "straggler":
         peers = ", ".join(f"rank {r} {w:.1f} ms" for r, w in sorted(e["peers_wait_ms"].items(), key=_rank))
         lo, hi = e.get("ms_per_step_ci95") or (ms, ms)
-        return (f"rank {f['rank']} arrives last at {e['last_at_share'] * 100:.0f} % of its ops; its peers wait "
+        last = (f"rank {f['rank']} arrives last at {e['last_at_share'] * 100:.0f} % of its ops; "
+                if "last_at_share" in e else f"rank {f['rank']} is late (each rank's own and blocked time a step); ")
+        return (f"{last}its peers wait "
                 f"{ms:.1f} ms/step for it (95 % interval {lo:.1f}–{hi:.1f}; {share:.0f} % of the step: {peers}); "
                 f"its own time {e['busy_ms']:.1f} ms against the others' {e['others_busy_ms']:.1f} ms")
     if f["kind"] == "imbalance":

@@ -33,13 +33,14 @@ class StepProgress:
         columns = ([TextColumn(what), BarColumn(), MofNCompleteColumn()] if total
                    else [TextColumn(what + " {task.completed}")])
         # a script decides how many iterations it runs: without a total, the time so far in place of the time left
-        columns += [TextColumn("{task.fields[rate]}"), TimeRemainingColumn() if total else TimeElapsedColumn()]
+        columns += [TextColumn("{task.fields[rate]}"), TimeRemainingColumn() if total else TimeElapsedColumn(),
+                    TextColumn("{task.fields[live]}")]
         # where stdout is the same terminal (a script's own prints), its lines go above the progress line, not
         # onto it; stdout elsewhere (a file, a pipe) is left as it is
         shared = _same_terminal(sys.stdout, sys.stderr)
         self.progress = Progress(*columns, console=console, transient=True, auto_refresh=False,
                                  redirect_stdout=shared, redirect_stderr=shared)
-        self.task = self.progress.add_task(what, total=total, rate="")
+        self.task = self.progress.add_task(what, total=total, rate="", live="")
 
     def __enter__(self) -> StepProgress:
         if self.progress is not None:
@@ -55,6 +56,11 @@ class StepProgress:
         if now - self.last >= REFRESH_S:
             self.progress.refresh()
             self.last = now
+
+    def say(self, text: str) -> None:
+        """A line of the job's own beside the progress (a live job's last window: live/monitor.py)."""
+        if self.progress is not None:
+            self.progress.update(self.task, live=text)
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:

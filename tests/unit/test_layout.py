@@ -21,7 +21,7 @@ LAYERS = (
     ("parallel",),
     ("strategies", "kernels"),
     ("perfmodel",),
-    ("findings",),
+    ("findings", "live"),
     ("netns", "launch", "lifecycle", "kept"),
     ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),

@@ -1,0 +1,145 @@
+"""Where a live job's combined windows go: a Prometheus/OpenMetrics endpoint and an append-only JSON Lines log.
+
+    metrics = Metrics("127.0.0.1", 9464)     # rank 0: http://127.0.0.1:9464/metrics
+    log = LiveLog("live.jsonl")
+    metrics.add(job); log.write(job)         # each combined window (live/combine.py)
+    log.end("complete"); metrics.close()
+
+The endpoint is prometheus_client's, the Prometheus project's own client: its exposition format is the one the
+server parses, and a custom collector (`collect`) exports the counts the ranks aggregated themselves without
+observing each op again. OpenTelemetry's Prometheus exporter is built on the same client and adds an SDK a
+job does not need. Metrics, labels `rank` and `host` on every per-rank series:
+
+  commprof_op_bytes_total{op,group}            payload bytes of every op of every window so far (the volume
+                                               table's convention: what the call passes, not what the wire moves)
+  commprof_ops_total{op,group}                 ops
+  commprof_op_duration_seconds{op,group}       histogram of the ops' issue-to-completion times
+  commprof_steps_total                         measured steps folded into windows
+  commprof_step_seconds                        the last window's median step
+  commprof_busy_seconds                        … its median time not blocked on comm, a step
+  commprof_waiting_for_peers_seconds           … blocked beyond the least-blocked rank (peers late), a step
+  commprof_transfer_seconds                    … blocked as the least-blocked rank was (the transfer), a step
+  commprof_finding_seconds_per_step{kind,subject}   each finding of the last window (subject: rank or op)
+  commprof_finding_since_step{kind,subject}    the step since which it has held
+  commprof_window_last_step                    the last step of the last window (no rank label)
+
+The log: one JSON object per line, each a combined window as written whole with one write; a last line
+{"end": reason} when the job ends. Once it passes MAX_LOG_BYTES it moves to FILE.1 (replacing the one
+before) and FILE begins anew: a job of any length keeps at most twice that. `commprof report FILE` reads
+both back. Exercised by: `pytest tests/unit/test_live.py tests/test_live.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from commprof.live.window import DURATION_BUCKETS_S, split_key
+
+MAX_LOG_BYTES = 64 << 20
+"""Size at which the live log moves to FILE.1: at a window a few seconds long and a few KiB a line, days."""
+
+
+class Metrics:
+    """The job's figures so far, served for Prometheus to scrape."""
+
+    def __init__(self, address: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self._lock = threading.Lock()
+        self._totals: dict[tuple, list] = {}
+        """(rank, host, op key) -> [count, bytes, seconds, histogram]: every window's, added."""
+        self._steps: dict[tuple, int] = {}
+        self._last: dict | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self.server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+        self.address, self.port = address, self.server.server_port
+
+    def add(self, job: dict) -> None:
+        with self._lock:
+            for r in job["ranks"]:
+                self._steps[(r["rank"], r["host"])] = self._steps.get((r["rank"], r["host"]), 0) + job["steps"]
+                for key, (count, nbytes, seconds, hist, _) in r["ops"].items():
+                    t = self._totals.setdefault((r["rank"], r["host"], key), [0, 0, 0.0, [0] * len(hist)])
+                    t[0], t[1], t[2] = t[0] + count, t[1] + nbytes, t[2] + seconds
+                    t[3] = [a + b for a, b in zip(t[3], hist)]
+            self._last = job
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        with self._lock:
+            totals, steps, last = dict(self._totals), dict(self._steps), self._last
+        labels = ["op", "group", "rank", "host"]
+        nbytes = CounterMetricFamily("commprof_op_bytes", "Payload bytes of the job's ops", labels=labels)
+        count = CounterMetricFamily("commprof_ops", "Ops the job issued", labels=labels)
+        took = HistogramMetricFamily("commprof_op_duration_seconds", "Issue to completion of each op", labels=labels)
+        for (rank, host, key), (n, b, seconds, hist) in sorted(totals.items()):
+            name, group, _ = split_key(key)
+            values = [name, group, str(rank), host]
+            nbytes.add_metric(values, b)
+            count.add_metric(values, n)
+            cumulative, buckets = 0, []
+            for bound, k in zip((*(repr(x) for x in DURATION_BUCKETS_S), "+Inf"), hist):
+                cumulative += k
+                buckets.append((bound, cumulative))
+            took.add_metric(values, buckets, seconds)
+        yield from (nbytes, count, took)
+        stepped = CounterMetricFamily("commprof_steps", "Measured steps folded into windows", labels=["rank", "host"])
+        for (rank, host), n in sorted(steps.items()):
+            stepped.add_metric([str(rank), host], n)
+        yield stepped
+        if last is None:
+            return
+        for field, name, what in (("step_ms", "step", "Median step of the last window"),
+                                  ("busy_ms", "busy", "Time not blocked on comm a step, last window"),
+                                  ("waiting_ms", "waiting_for_peers", "Blocked while peers were late, a step"),
+                                  ("transfer_ms", "transfer", "Blocked for the transfer itself, a step")):
+            g = GaugeMetricFamily(f"commprof_{name}_seconds", what, labels=["rank", "host"])
+            for r in last["ranks"]:
+                g.add_metric([str(r["rank"]), r["host"]], r[field] / 1e3)
+            yield g
+        cost = GaugeMetricFamily("commprof_finding_seconds_per_step", "What each finding of the last window costs "
+                                 "a step", labels=["kind", "subject"])
+        since = GaugeMetricFamily("commprof_finding_since_step", "The step since which the finding holds",
+                                  labels=["kind", "subject"])
+        for f in last["findings"]:
+            values = [f["kind"], subject(f)]
+            cost.add_metric(values, f["ms_per_step"] / 1e3)
+            since.add_metric(values, f.get("since_step", last["first_step"]))
+        yield from (cost, since)
+        yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window", value=last["last_step"])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def subject(f: dict) -> str:
+    """What a finding names: 'rank 1', an op, or '' (latency_bound: the job's small collectives)."""
+    if "rank" in f:
+        return f"rank {f['rank']}"
+    return f.get("op") or ""
+
+
+class LiveLog:
+    """The append-only JSON Lines file of combined windows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, doc: dict) -> None:
+        line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        if os.fstat(self._fd).st_size + len(line) > MAX_LOG_BYTES:
+            os.close(self._fd)
+            os.replace(self.path, self.path + ".1")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, line)  # one write: a reader, or a job killed now, sees whole lines only
+
+    def end(self, reason: str) -> None:
+        self.write({"end": reason, "time": time.time()})
+        os.close(self._fd)

@@ -30,6 +30,7 @@ from commprof.findings.kinds import THRESHOLD
 from commprof.live.window import split_key
 from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
+from commprof.report.live_log import finding_key
 from commprof.stats import median_ci
 
 
@@ -131,11 +132,6 @@ def _latency_bound(ranks: list[dict], step_ms: float) -> list[dict]:
                      evidence={"ops_per_step": per_step, "n_half_bytes": half, "alpha_us": line.alpha_s * 1e6,
                                "bandwidth_GBps": line.as_record()["bandwidth_GBps"],
                                "ms_per_step_in_them": in_them_ms, "fused_ms": fused_ms, "fusing_saves_ms": ms})]
-
-
-def finding_key(f: dict) -> str:
-    """What makes two windows' findings the same one: its kind and its rank or op."""
-    return f"{f['kind']}:{f.get('rank', f.get('op', ''))}"
 
 
 class Held:

@@ -37,6 +37,7 @@ import threading
 import time
 
 from commprof.live.window import DURATION_BUCKETS_S, split_key
+from commprof.report.live_log import subject
 
 MAX_LOG_BYTES = 64 << 20
 """Size at which the live log moves to FILE.1: at a window a few seconds long and a few KiB a line, days."""
@@ -116,13 +117,6 @@ class Metrics:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def subject(f: dict) -> str:
-    """What a finding names: 'rank 1', an op, or '' (latency_bound: the job's small collectives)."""
-    if "rank" in f:
-        return f"rank {f['rank']}"
-    return f.get("op") or ""
 
 
 class LiveLog:

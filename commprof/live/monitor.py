@@ -21,8 +21,9 @@ import time
 from commprof.findings.kinds import THRESHOLD
 from commprof.live.combine import Held, combine
 from commprof.live.config import LiveConfig
-from commprof.live.export import LiveLog, Metrics, subject
+from commprof.live.export import LiveLog, Metrics
 from commprof.live.window import Fold
+from commprof.report.live_log import subject
 
 MAX_PENDING = 8
 """Windows rank 0 holds for a rank not yet there; past this many, the oldest is combined with what it has."""

@@ -8,6 +8,7 @@ side by side, each change against the runs' noise (report/findings_compare.py). 
     commprof report grid.json --plot plots/
     commprof report gloo.json mpi.json
     commprof report grid.json --markdown > table.md
+    commprof report live.jsonl --plot plots/            (a live job's log: report/live_log.py)
 
 Exercised by: `pytest tests/unit/test_report_recorded.py tests/test_bad_input.py`.
 """
@@ -28,7 +29,8 @@ NOT_OURS = "not a commprof result"
 def add_parser(subparsers, summary: str) -> None:
     p = subparsers.add_parser("report", help=summary, description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", metavar="FILE", help="--json files of commprof bench, run or a grid")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="--json files of commprof bench, run or a grid; or one --live-log file")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")
     p.add_argument("--markdown", action="store_true",
                    help="run and grid results: the comparison table as GitHub Markdown on stdout")
@@ -63,6 +65,20 @@ def main(args: argparse.Namespace) -> int:
         link = parse_rate(args.link_rate, "--link-rate")
         if not args.plot:
             raise UsageError("--link-rate is drawn on the --plot figures: give --plot DIR too")
+    from commprof.report import live_log
+
+    if any(live_log.looks_live(path) for path in args.files):
+        if len(args.files) > 1:
+            raise UsageError("report reads one live log at a time: " + ", ".join(args.files))
+        if args.markdown or link is not None:
+            raise UsageError("--markdown and --link-rate are for bench and run results, not a live log")
+        from commprof.report.fit import results_console
+
+        log = live_log.read(args.files[0], NOT_OURS)
+        with wrong_shape(args.files[0], NOT_OURS):
+            for path in live_log.render(log, results_console(width=160), plot_dir=args.plot):
+                said("plot", path)
+        return 0
     loaded = [(path, *load(path)) for path in args.files]
     # a field missing or of another type, found while the tables and plots read it: one line, exit 2
     with wrong_shape(args.files[0] if len(args.files) == 1 else "one of " + ", ".join(args.files), NOT_OURS):

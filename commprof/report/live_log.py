@@ -1,0 +1,152 @@
+"""`commprof report live.jsonl`: a live job's log (`--live-log`) read back — what held when, as tables, and
+with --plot the step time and each finding's ms/step against the step.
+
+    commprof report live.jsonl
+    commprof report live.jsonl --plot plots/        # plots/live.png
+
+The log's rotated part (FILE.1, live/export.py) is read first when it is there. A line cut short (a disk that
+filled mid-write) is left out and said. Exercised by: `pytest tests/unit/test_live.py tests/test_live.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from commprof.errors import UsageError
+
+MAX_ROWS = 30
+"""Windows a table shows: a longer log shows this many, evenly spaced, the first and the last among them."""
+
+
+def subject(f: dict) -> str:
+    """What a finding names: 'rank 1', an op, or '' (latency_bound: the job's small collectives)."""
+    if "rank" in f:
+        return f"rank {f['rank']}"
+    return f.get("op") or ""
+
+
+def finding_key(f: dict) -> str:
+    """What makes two windows' findings the same one: its kind and what it names."""
+    return f"{f['kind']}:{subject(f)}"
+
+
+def read(path: str, not_ours: str) -> dict:
+    """{"windows": [combined windows in order], "end": the end line's reason or None, "cut": lines left out}."""
+    windows, end, cut = [], None, 0
+    for part in (path + ".1", path):
+        if part != path and not os.path.isfile(part):
+            continue
+        try:
+            text = Path(part).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{part}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        for n, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                cut += 1
+                continue
+            if not isinstance(doc, dict) or not ("end" in doc or {"window", "ranks", "findings"} <= set(doc)):
+                raise UsageError(f"{part}: {not_ours} (line {n} is not a live window)")
+            if "end" in doc:
+                end = doc["end"]
+            else:
+                windows.append(doc)
+    if not windows:
+        raise UsageError(f"{path}: {not_ours} (no live window in it)")
+    return {"windows": windows, "end": end, "cut": cut}
+
+
+def looks_live(path: str) -> bool:
+    """Whether `path` begins as a live log does: a JSON object of a window, or an end line, on its first line."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        doc = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and ("end" in doc or {"window", "ranks"} <= set(doc))
+
+
+def runs(windows: list[dict]) -> list[dict]:
+    """Each finding's runs: consecutive windows that hold it, with the step it began, the step it ended and
+    its median ms/step over them."""
+    open_runs: dict[str, dict] = {}
+    done = []
+    for w in windows:
+        now = {finding_key(f): f for f in w["findings"]}
+        for key in [k for k in open_runs if k not in now]:
+            done.append(open_runs.pop(key))
+        for key, f in now.items():
+            run = open_runs.setdefault(key, {"kind": f["kind"], "subject": subject(f), "from": w["first_step"],
+                                             "ms": [], "shares": []})
+            run["to"] = w["last_step"]
+            run["ms"].append(f["ms_per_step"])
+            run["shares"].append(f["share_of_step"])
+    done += open_runs.values()
+    return sorted(done, key=lambda r: r["from"])
+
+
+def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
+    """The log's tables on `console`; with `plot_dir`, its plot (the paths drawn)."""
+    import statistics
+
+    from rich.table import Table
+
+    windows = doc["windows"]
+    ranks = len(windows[-1]["ranks"])
+    console.print(f"live log: {len(windows)} window(s), steps {windows[0]['first_step']}-{windows[-1]['last_step']}, "
+                  f"{ranks} rank(s); " + (f"ended: {doc['end']}" if doc["end"] else "no end line (still running, "
+                                                                                   "or its rank 0 died)")
+                  + (f"; {doc['cut']} line(s) cut short left out" if doc["cut"] else ""), highlight=False)
+    held = Table(title="findings as they held (consecutive windows)")
+    for name in ("finding", "subject", "from step", "to step", "windows", "ms/step (median)", "of the step"):
+        held.add_column(name, justify="left" if name in ("finding", "subject") else "right")
+    for r in runs(windows):
+        held.add_row(r["kind"], r["subject"], str(r["from"]), str(r["to"]), str(len(r["ms"])),
+                     f"{statistics.median(r['ms']):.2f}", f"{statistics.median(r['shares']):.0%}")
+    console.print(held)
+    shown = windows if len(windows) <= MAX_ROWS else [windows[round(i * (len(windows) - 1) / (MAX_ROWS - 1))]
+                                                      for i in range(MAX_ROWS)]
+    table = Table(title="windows" + ("" if shown is windows else f" ({MAX_ROWS} of {len(windows)}, evenly spaced)"))
+    for name in ("steps", "step ms", "busy ms (min–max rank)", "waiting ms (max)", "top finding"):
+        table.add_column(name, justify="left" if name in ("steps", "top finding") else "right")
+    for w in shown:
+        busy = [r["busy_ms"] for r in w["ranks"]]
+        top = w["findings"][0] if w["findings"] else None
+        table.add_row(f"{w['first_step']}-{w['last_step']}", f"{w['step_ms']:.2f}",
+                      f"{min(busy):.2f}–{max(busy):.2f}", f"{max(r['waiting_ms'] for r in w['ranks']):.2f}",
+                      "" if top is None else f"{top['kind']} {subject(top)} {top['ms_per_step']:.2f} ms "
+                                             f"({top['share_of_step']:.0%})")
+    console.print(table)
+    ops = sum(agg[0] for r in windows[-1]["ranks"] for agg in r["ops"].values())
+    console.print(f"last window: {ops:,} op(s) over {ranks} rank(s)", highlight=False)
+    return [plot(windows, Path(plot_dir) / "live.png")] if plot_dir else []
+
+
+def plot(windows: list[dict], path: Path) -> Path:
+    """The step time, and each finding's ms/step (0 where a window does not hold it), against the step."""
+    from commprof.report.figures import draw_lines, figure
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x = [(w["first_step"] + w["last_step"]) / 2 for w in windows]
+    lines = {"step": (x, [w["step_ms"] for w in windows])}
+    for r in runs(windows):
+        label = f"{r['kind']} {r['subject']}".strip()
+        if label not in lines:
+            by_window = [next((f["ms_per_step"] for f in w["findings"]
+                               if f"{f['kind']} {subject(f)}".strip() == label), 0.0) for w in windows]
+            lines[label] = (x, by_window)
+    with figure(path, (9, 4.5)) as (_, axes):
+        ax = axes[0][0]
+        draw_lines(ax, lines)
+        ax.set_xlabel("step")
+        ax.set_ylabel("ms per step")
+        ax.set_title("live: step time and what each finding costs a step, window by window")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper left", fontsize=8)
+    return path

@@ -1,0 +1,182 @@
+"""Live mode's logic without a job: windows folded and bounded, combined with their findings, exported to a
+Prometheus endpoint (a real prometheus_client server on this host) and to a JSON Lines log that report reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tracemalloc
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from commprof.errors import UsageError
+from commprof.live import export
+from commprof.live.combine import Held, combine
+from commprof.live.config import add_live_flags, live_config
+from commprof.live.export import LiveLog, Metrics
+from commprof.live.window import DURATION_BUCKETS_S, Fold, size_bucket
+from commprof.report import live_log
+
+MS = 1_000_000
+
+
+def _iteration(step, wall, blocked, ops=(("all_reduce", 1 << 20, 2, 3.0, "world"),)):
+    """(figures, op log entries, waits) of one iteration: `blocked` ms waited on the first op."""
+    t, entries = 0, []
+    for name, nbytes, size, ms, group in ops:
+        entries.append((name, nbytes, size, t, t + int(ms * MS), False, group))
+        t += int(ms * MS)
+    waits = [(ops[0][0], 0, int(blocked * MS))] if blocked else []
+    return {"step": step, "wall_ms": wall, "exposed_comm_ms": blocked, "bubble_ms": 0.0}, entries, waits
+
+
+def _windows(busy_by_rank, blocked_by_rank, steps=20, jitter=0.0, seed=0):
+    """One window per rank whose steps have those busy and blocked ms (± `jitter` ms)."""
+    rnd = random.Random(seed)
+    out = []
+    for rank, (busy, blocked) in enumerate(zip(busy_by_rank, blocked_by_rank)):
+        fold = Fold(rank=rank, host="h", window=steps)
+        for i in range(steps):
+            b = blocked + rnd.uniform(-jitter, jitter)
+            w = busy + b + rnd.uniform(-jitter, jitter)
+            got = fold.add(*_iteration(i, w, max(0.0, b)))
+        out.append(got)
+    return out
+
+
+def test_a_window_every_n_steps_and_its_size_independent_of_the_jobs_length():
+    fold = Fold(rank=0, host="h", window=10)
+    windows = [w for i in range(1000) if (w := fold.add(*_iteration(i, 5.0, 1.0))) is not None]
+    assert len(windows) == 100 and [w["first_step"] for w in windows[:2]] == [0, 10]
+    assert windows[0]["ops"].keys() == windows[-1]["ops"].keys()
+    assert len(json.dumps(windows[0])) == len(json.dumps({**windows[-1], "first_step": 0, "last_step": 9,
+                                                          "window": 0, "time": windows[0]["time"]}))
+    count, nbytes, seconds, hist, size = windows[0]["ops"]["all_reduce|world|1048576"]
+    assert (count, nbytes, size) == (10, 10 << 20, 2) and seconds == pytest.approx(0.03)
+    assert sum(hist) == 10 and hist[DURATION_BUCKETS_S.index(5e-3)] == 10  # 3 ms lies in (2.5 ms, 5 ms]
+    assert fold.flush() is None
+
+
+def test_folding_holds_no_more_memory_for_a_longer_job():
+    def held(steps):
+        fold = Fold(rank=0, host="h", window=20)
+        tracemalloc.start()
+        for i in range(steps):
+            fold.add(*_iteration(i, 5.0, 1.0))
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return size
+
+    assert held(20_000) <= held(1_000) + 4096
+
+
+def test_size_buckets():
+    assert [size_bucket(n) for n in (0, 1, 3, 4, 5, 1 << 20, (1 << 20) + 1)] == [0, 1, 4, 4, 8, 1 << 20, 1 << 21]
+
+
+def test_a_straggler_is_named_with_its_cost_and_a_balanced_window_names_none():
+    job = combine(_windows([10.0, 40.0, 10.0], [31.0, 1.0, 31.0], jitter=0.5))
+    straggler = [f for f in job["findings"] if f["kind"] == "straggler"]
+    assert [f["rank"] for f in straggler] == [1]
+    assert straggler[0]["ms_per_step"] == pytest.approx(30.0, abs=1.5)
+    assert job["findings"][0]["step_ms_without"] <= job["step_ms"]
+    balanced = combine(_windows([10.0, 10.0, 10.0], [0.2, 0.2, 0.2], jitter=0.3, seed=3))
+    assert not [f for f in balanced["findings"] if f["kind"] == "straggler"]
+    assert [r["waiting_ms"] for r in job["ranks"]][1] == 0.0
+
+
+def test_exposed_comm_is_the_transfer_nobody_waited_for_a_peer_in():
+    job = combine(_windows([10.0, 10.0], [5.0, 5.0]))
+    exposed = [f for f in job["findings"] if f["kind"] == "exposed_comm"]
+    assert exposed and exposed[0]["op"] == "all_reduce" and exposed[0]["ms_per_step"] == pytest.approx(5.0)
+    assert exposed[0]["bytes"] == 1 << 20 and exposed[0]["group"] == "world"
+
+
+def test_many_small_collectives_are_latency_bound():
+    small = [("all_reduce", 8 << k, 2, 0.1 + 1e-6 * (8 << k), "world") for k in range(6)] * 10
+    big = [("all_reduce", 64 << 20, 2, 200.0, "world")]  # 0.3 GB/s: n½ about 35 KB
+    folds = [Fold(rank=r, host="h", window=5) for r in range(2)]
+    windows = [[f.add(*_iteration(i, 80.0, 0.0, ops=small + big)) for i in range(5)][-1] for f in folds]
+    found = [f for f in combine(windows)["findings"] if f["kind"] == "latency_bound"]
+    assert found and found[0]["evidence"]["ops_per_step"] == pytest.approx(60)
+    assert 0 < found[0]["ms_per_step"] < found[0]["evidence"]["ms_per_step_in_them"]
+
+
+def test_held_says_since_when_a_finding_holds():
+    held, jobs = Held(), []
+    for first, slow in ((0, False), (20, True), (40, True), (60, False), (80, True)):
+        job = combine(_windows([10.0, 40.0 if slow else 10.0], [31.0 if slow else 0.1, 1.0], jitter=0.2))
+        job["first_step"] = first
+        held.update(job)
+        jobs.append([f.get("since_step") for f in job["findings"] if f["kind"] == "straggler"])
+    assert jobs == [[], [20], [20], [], [80]]
+
+
+def test_the_endpoint_serves_what_the_windows_added():
+    metrics = Metrics("127.0.0.1", 0)
+    try:
+        job = combine(_windows([10.0, 40.0], [31.0, 1.0], jitter=0.2))
+        Held().update(job)
+        metrics.add(job)
+        metrics.add(job)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=10).read().decode()
+    finally:
+        metrics.close()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(text) for s in family.samples}
+    labels = (("group", "world"), ("host", "h"), ("op", "all_reduce"), ("rank", "1"))
+    assert got[("commprof_op_bytes_total", labels)] == 2 * 20 * (1 << 20)
+    assert got[("commprof_ops_total", labels)] == 40
+    assert got[("commprof_op_duration_seconds_bucket", tuple(sorted(labels + (("le", "0.005"),))))] == 40
+    assert got[("commprof_op_duration_seconds_bucket", tuple(sorted(labels + (("le", "0.0025"),))))] == 0
+    assert got[("commprof_steps_total", (("host", "h"), ("rank", "0")))] == 40
+    cost = got[("commprof_finding_seconds_per_step", (("kind", "straggler"), ("subject", "rank 1")))]
+    assert cost == pytest.approx(0.030, abs=0.002)
+    assert got[("commprof_finding_since_step", (("kind", "straggler"), ("subject", "rank 1")))] == 0
+
+
+def test_the_log_rotates_and_report_reads_both_parts_in_order(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(export, "MAX_LOG_BYTES", 2000)
+    path = str(tmp_path / "live.jsonl")
+    log = LiveLog(path)
+    for k in range(12):
+        job = combine(_windows([10.0, 40.0 if k >= 6 else 10.0], [31.0 if k >= 6 else 0.1, 1.0], jitter=0.2))
+        job["first_step"], job["last_step"] = 20 * k, 20 * k + 19
+        log.write(job)
+    log.end("complete")
+    assert (tmp_path / "live.jsonl.1").exists() and (tmp_path / "live.jsonl").stat().st_size <= 2000
+    with open(path, "a") as f:
+        f.write('{"window": 3, "ran')  # cut short
+    doc = live_log.read(path, "not a commprof result")
+    first = [w["first_step"] for w in doc["windows"]]
+    assert first == sorted(first) and first[-1] == 220 and doc["cut"] == 1 and doc["end"] == "complete"
+    assert len(first) < 12  # the part rotated away before the last move is gone: the log is bounded
+    from rich.console import Console
+
+    paths = live_log.render(doc, Console(file=sys.stdout, width=160), plot_dir=str(tmp_path / "plots"))
+    out = capsys.readouterr().out
+    assert "straggler" in out and "rank 1" in out and "1 line(s) cut short" in out
+    assert paths[0].stat().st_size > 10_000
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    add_live_flags(p)
+    return p.parse_args(argv)
+
+
+def test_live_flags():
+    cfg = live_config(_args("--live", "--metrics-port", "0.0.0.0:9999", "--live-window", "5"))
+    assert (cfg.address, cfg.port, cfg.window) == ("0.0.0.0", 9999, 5)
+    assert live_config(_args("--live", "--metrics-port", "off")).address is None
+    assert live_config(_args()) is None
+    for argv, said in ((("--live-log", "x.jsonl"), "--live-log is a --live flag"),
+                       (("--live", "--live-window", "0"), "--live-window 0"),
+                       (("--live", "--metrics-port", "http"), "--metrics-port 'http'"),
+                       (("--live", "--metrics-port", "70000"), "--metrics-port '70000'")):
+        with pytest.raises(UsageError, match=said):
+            live_config(_args(*argv))

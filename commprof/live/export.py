@@ -26,7 +26,7 @@ job does not need. Metrics, labels `rank` and `host` on every per-rank series:
 The log: one JSON object per line, each a combined window as written whole with one write; a last line
 {"end": reason} when the job ends. Once it passes MAX_LOG_BYTES it moves to FILE.1 (replacing the one
 before) and FILE begins anew: a job of any length keeps at most twice that. `commprof report FILE` reads
-both back. Exercised by: `pytest tests/unit/test_live.py tests/test_live.py`.
+both back. Exercised by: `pytest tests/unit/test_live.py tests/test_live_jobs.py`.
 """
 
 from __future__ import annotations
@@ -78,9 +78,13 @@ class Metrics:
         nbytes = CounterMetricFamily("commprof_op_bytes", "Payload bytes of the job's ops", labels=labels)
         count = CounterMetricFamily("commprof_ops", "Ops the job issued", labels=labels)
         took = HistogramMetricFamily("commprof_op_duration_seconds", "Issue to completion of each op", labels=labels)
-        for (rank, host, key), (n, b, seconds, hist) in sorted(totals.items()):
+        series: dict[tuple, list] = {}  # the size buckets of an op added: the labels are op, group, rank, host
+        for (rank, host, key), (n, b, seconds, hist) in totals.items():
             name, group, _ = split_key(key)
-            values = [name, group, str(rank), host]
+            t = series.setdefault((name, group, str(rank), host), [0, 0, 0.0, [0] * len(hist)])
+            t[0], t[1], t[2], t[3] = t[0] + n, t[1] + b, t[2] + seconds, [x + y for x, y in zip(t[3], hist)]
+        for values, (n, b, seconds, hist) in sorted(series.items()):
+            values = list(values)
             nbytes.add_metric(values, b)
             count.add_metric(values, n)
             cumulative, buckets = 0, []

@@ -9,7 +9,7 @@ process group: no rank waits for another for it); rank 0 combines the windows ev
 
 What a rank keeps is one window and, on rank 0, the windows still waiting for a rank (a rank behind by more
 than MAX_PENDING windows has its oldest combined without it): memory does not grow with the job.
-Exercised by: `pytest tests/test_live.py`.
+Exercised by: `pytest tests/test_live_jobs.py`.
 """
 
 from __future__ import annotations

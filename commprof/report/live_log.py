@@ -5,7 +5,7 @@ with --plot the step time and each finding's ms/step against the step.
     commprof report live.jsonl --plot plots/        # plots/live.png
 
 The log's rotated part (FILE.1, live/export.py) is read first when it is there. A line cut short (a disk that
-filled mid-write) is left out and said. Exercised by: `pytest tests/unit/test_live.py tests/test_live.py`.
+filled mid-write) is left out and said. Exercised by: `pytest tests/unit/test_live.py tests/test_live_jobs.py`.
 """
 
 from __future__ import annotations

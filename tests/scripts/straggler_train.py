@@ -1,8 +1,8 @@
 """A DDP training script with a straggler: rank --slow-rank sleeps --delay-ms before every backward (or every
---delay-every'th: 2 delays steps 0, 2, 4, …, each beside balanced ones), so its peers wait that long for it in
-DDP's all-reduces (0: a balanced job). --skew: rank --slow-rank counts one iteration more than its peers under
-`commprof profile` (commprof.step() once before the loop, every rank after each step), so the warm-up
-iterations it aligns are not theirs."""
+--delay-every'th: 2 delays steps 0, 2, 4, …, each beside balanced ones; from step --delay-from on), so its peers
+wait that long for it in DDP's all-reduces (0: a balanced job). --skew: rank --slow-rank counts one iteration
+more than its peers under `commprof profile` (commprof.step() once before the loop, every rank after each step),
+so the warm-up iterations it aligns are not theirs."""
 import argparse
 import gc
 import time
@@ -16,6 +16,7 @@ p.add_argument("--steps", type=int, default=12)
 p.add_argument("--delay-ms", type=float, default=0.0)
 p.add_argument("--slow-rank", type=int, default=1)
 p.add_argument("--delay-every", type=int, default=1)
+p.add_argument("--delay-from", type=int, default=0)
 p.add_argument("--skew", action="store_true")
 args = p.parse_args()
 
@@ -36,7 +37,7 @@ if args.skew:
 for step in range(args.steps):
     loss = torch.nn.functional.cross_entropy(ddp(x), y)
     opt.zero_grad()
-    if rank == args.slow_rank and args.delay_ms and step % args.delay_every == 0:
+    if rank == args.slow_rank and args.delay_ms and step % args.delay_every == 0 and step >= args.delay_from:
         time.sleep(args.delay_ms / 1e3)
     loss.backward()
     opt.step()

@@ -320,7 +320,91 @@ def ratio_ci(num: Sequence[float], den: Sequence[float]) -> dict:
     return {"ratio": statistics.median(ratios), "ci95": median_ci(ratios), "rounds": len(ratios)}
 
 
-# ---- a workload two benchmarks train ------------------------------------------------------------------
+# ---- workloads several benchmarks train: one training step each, run in a rank ------------------------
+def ddp(model_name: str, device):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(image_model(model_name).to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step, lambda: None
+
+
+def fsdp2(_, device):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    width, vocab = 128, 512
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.attn = torch.nn.MultiheadAttention(width, 4, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    model = torch.nn.Sequential(torch.nn.Embedding(vocab, width), *(Block() for _ in range(4)),
+                                torch.nn.Linear(width, vocab)).to(device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in model[1:5]:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, vocab, (8, 64), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+
+def pipeline(_, device):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    module = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4))).to(device)
+    stage = PipelineStage(module, rank, world, device)
+    schedule = ScheduleGPipe(stage, 8, loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 256, generator=g).to(device), torch.randn(64, 256, generator=g).to(device)
+
+    def step():
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad()
+
+    return step, lambda: None
+
+
 def fsdp2_units(_, device):
     """One training step of many small FSDP2 units, shaped like PyTorch's FSDP2 example
     (distributed/FSDP2/example.py): profile_cost.py's workload of that name, and interception_cost.py's."""

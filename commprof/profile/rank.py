@@ -269,6 +269,7 @@ class Session:
     def _result(self, iterations: list, volumes: list) -> dict:
         t = self.tracker
         return {"rank": self.world.rank, "iterations": iterations, "volume_steps": volumes, "found": t.index,
+                "measured": max(0, t.index - t.warmup),
                 "outside": step_volume(t.outside), "unseen": dict(self.interposer.unseen),
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 

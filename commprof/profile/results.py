@@ -43,8 +43,8 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     return {
         "env": env,
         "config": dataclasses.asdict(cfg),
-        "steps": {"found": first["found"], "measured": len(first["iterations"]), "warmup": cfg.warmup,
-                  "per_epoch": per_epoch},
+        "steps": {"found": first["found"], "measured": first.get("measured", len(first["iterations"])),
+                  "kept": len(first["iterations"]), "warmup": cfg.warmup, "per_epoch": per_epoch},
         "iterations": [{"rank": r["rank"], **it} for r in results for it in r["iterations"]],
         "summary": summary,
         "volume": volume,

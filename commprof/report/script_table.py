@@ -19,8 +19,10 @@ def _header(doc: dict) -> Text:
     args = " ".join([cfg["script"], *cfg["script_args"]])
     text = Text()
     text.append(f"commprof profile · {args} · backend {env['backend']} · {env['world_size']} rank(s)", style="bold")
+    kept = steps.get("kept", steps["measured"])
+    over = "measured iterations" if kept >= steps["measured"] else f"the last {kept} (--live keeps no more)"
     text.append(f"\n{steps['measured']} measured of {steps['found']} iterations found (warm-up {steps['warmup']}); "
-                "figures are medians over measured iterations")
+                f"figures are medians over {over}")
     if env["oversubscribed"]:
         text.append(f"\nOVERSUBSCRIBED: {env['ranks_per_host']} ranks share {env['slots_per_host']} cores per "
                     "host; times include OS scheduling.", style="bold red")

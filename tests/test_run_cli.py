@@ -23,8 +23,10 @@ def run_json(tmp_path, *args, name="out.json"):
 
 
 def test_ddp_json_has_every_figure_per_rank_per_iteration(tmp_path):
+    log = tmp_path / "live.jsonl"
     doc, proc = run_json(tmp_path, "--strategy", "ddp", "--model", "mnist-cnn", "--nproc", "2", "--steps", "5",
-                         "--warmup", "1", "--batch-size", "16", "--samples", "1000", "--bucket-mb", "0.02")
+                         "--warmup", "1", "--batch-size", "16", "--samples", "1000", "--bucket-mb", "0.02",
+                         "--live", "--live-window", "2", "--metrics-port", "off", "--live-log", str(log))
     assert {"env", "config", "iterations", "summary", "volume"} <= set(doc)
     assert "ms/iteration" not in proc.stderr  # the progress line is for a terminal only (tests/test_fit.py)
     assert len(doc["iterations"]) == 2 * 4
@@ -48,6 +50,14 @@ def test_ddp_json_has_every_figure_per_rank_per_iteration(tmp_path):
     assert params["params"] == params["grads"] == 21840 * 4 and params["optimizer"] == 21840 * 4
     for words in ("wall ms", "exposed ms", "overlap %", "payload/step", "predicted", "samples/s"):
         assert words in proc.stdout
+    # --live: the 4 measured steps in 2 windows of both ranks, their bytes the volume table's
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    windows = [x for x in lines if "end" not in x]
+    assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 2), (3, 4)] and lines[-1]["end"] == "complete"
+    for r in (0, 1):
+        sent = sum(agg[1] for w in windows for key, agg in w["ranks"][r]["ops"].items()
+                   if key.startswith("all_reduce|"))
+        assert sent == v["payload_bytes_per_step"] * 4
 
 
 def test_saved_state_of_fsdp_equals_single(tmp_path):

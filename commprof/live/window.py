@@ -49,7 +49,7 @@ class Fold:
     def __init__(self, *, rank: int, host: str, window: int, elapsed_ns=None) -> None:
         self.rank, self.host, self.window = rank, host, window
         """This rank, its host, and the steps a window holds."""
-        self._elapsed = elapsed_ns
+        self.elapsed_ns = elapsed_ns
         """clock.elapsed_ns for stamps that are not host ns (CUDA events); None: every stamp is ns."""
         self.index = 0
         """Windows folded so far."""
@@ -78,7 +78,7 @@ class Fold:
             agg = self._ops.get(key)
             if agg is None:
                 agg = self._ops[key] = [0, 0, 0.0, [0] * (len(DURATION_BUCKETS_S) + 1), op[GROUP_SIZE]]
-            ns = op[END] - op[START] if op[HOST] or self._elapsed is None else self._elapsed(op[START], op[END])
+            ns = op[END] - op[START] if op[HOST] or self.elapsed_ns is None else self.elapsed_ns(op[START], op[END])
             seconds = ns * 1e-9
             agg[0] += 1
             agg[1] += op[NBYTES]

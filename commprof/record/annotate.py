@@ -143,13 +143,17 @@ class Annotator:
         self._kineto = kineto
         self.active = kineto is not None or self._trace is not None or not isinstance(self.domain, DummyDomain)
 
-    def label(self, message: str, category: str, payload: int | None = None) -> Label:
+    def label(self, message: str, category: str, payload: int | None = None, *, cached: bool = True) -> Label:
+        """The label of `message`, made once and kept for the next call; `cached=False` for a message used once
+        (an iteration's number), which a job of any length would otherwise keep one of per step."""
         key = (message, category, payload)
         hit = self._labels.get(key)
         if hit is None:
             attrs = self.domain.get_event_attributes(message=message, color=COLORS[category], category=category,
                                                      payload=payload)
-            hit = self._labels[key] = Label(message, category, payload, attrs)
+            hit = Label(message, category, payload, attrs)
+            if cached:
+                self._labels[key] = hit
         return hit
 
     def in_flight_range(self, label: Label, group: str) -> InFlight | None:

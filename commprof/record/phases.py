@@ -199,7 +199,7 @@ class Phases:
         self.aligned = aligned
         if aligned:
             aligned_iterations.start(self.recorder)
-        ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}{ALIGNED if aligned else ''}", "iteration"))
+        ANNOTATOR.push(ANNOTATOR.label(f"iteration {index}{ALIGNED if aligned else ''}", "iteration", cached=False))
         self._start = self.now()
 
     def end(self) -> Breakdown:

@@ -22,6 +22,7 @@ from commprof.backends import default_backend, require_cuda
 from commprof.errors import UsageError
 from commprof.kept import Kept
 from commprof.lifecycle import Rank
+from commprof.live.config import add_live_flags, live_config
 from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
 from commprof.parallel.grid import degrees
@@ -77,6 +78,7 @@ def add_parser(subparsers, summary: str) -> None:
     flags.add_device_flag(p)
     p.add_argument("--csv", metavar="PATH", help="the run's figures as one CSV row (a grid's columns)")
     flags.add_link_flag(p)
+    add_live_flags(p)
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--torch-profiler", metavar="DIR",
@@ -156,7 +158,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages,
         bind_cores=args.bind_cores, save_state=args.save_state,
         torch_profiler=args.torch_profiler, nproc=args.nproc,
-        out=Outputs.from_args(args), link=link_flag(args.link_rate))
+        out=Outputs.from_args(args), link=link_flag(args.link_rate), live=live_config(args))
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:
@@ -225,7 +227,16 @@ class _Run(lifecycle.Command):
         from commprof.run.loop import train
 
         comm = rank.comm if cfg.strategy != "single" else None
-        result, state = train(cfg, comm, rank.device, on_step=on_step)
+        live = None
+        if cfg.live is not None:
+            from commprof.live.monitor import Live
+
+            live = Live(cfg.live, rank=rank.world.rank, world_size=rank.world.world_size,
+                        control=rank.comm.control if rank.comm is not None else None)
+            rank.on_failure(lambda code, message: live.close(message))
+        result, state = train(cfg, comm, rank.device, on_step=on_step, live=live)
+        if live is not None:
+            live.close()
         if cfg.save_state and rank.world.rank == 0:
             tmp = f"{cfg.save_state}.tmp{os.getpid()}"
             torch.save(state, tmp)

@@ -12,7 +12,8 @@ from commprof.flags import TIMEOUT_S
 from commprof.report.files import Outputs
 
 if TYPE_CHECKING:
-    from commprof.perfmodel.fabric import Fabric
+    from commprof.live.config import LiveConfig
+from commprof.perfmodel.fabric import Fabric
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,5 @@ class RunConfig:
     torch_profiler: str | None = None
     """Also capture a PyTorch profiler (Kineto) trace per rank into this directory, for Holistic Trace
     Analysis (--torch-profiler)."""
+    live: LiveConfig | None = None
+    """--live: windows of steps exported while the job runs (docs/live.md); None: the figures at the end only."""

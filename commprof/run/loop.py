@@ -64,10 +64,11 @@ def _checkpointed(forward):
     return run
 
 
-def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dict, dict | None]:
+def train(cfg: RunConfig, comm, device: torch.device, on_step=None, live=None) -> tuple[dict, dict | None]:
     """Train on this rank; returns (figures, state): per-iteration figures, losses, volume, memory and
     accuracy as plain data, and the whole model's state_dict if --save-state asks for it (else None).
-    `on_step(iterations)` sees the measured iterations so far after each one (to save them early)."""
+    `on_step(iterations)` sees the measured iterations so far after each one (to save them early); `live` (a
+    live/monitor.py Live, --live) folds each one with its ops and waits."""
     source, spec = build(cfg)
     spec.module.to(device)
     # counted before a tensor-parallel strategy replaces layers by this rank's slices
@@ -89,6 +90,10 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
     spec.module.train()
     measured = ANNOTATOR.label(MEASURED, "iteration")
     progress = StepProgress("iteration", total, show=comm is None or comm.rank == 0)
+    if live is not None:
+        live.fold.elapsed_ns = clock.elapsed_ns if clock.kind == "cuda" else None
+        if live.rank == 0:
+            live.show = progress.say
     with kineto.profiler(cfg.torch_profiler, comm, device, steps=total, warmup=cfg.warmup) as prof, progress:
         for t in range(total):
             if t == cfg.warmup:
@@ -110,6 +115,8 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None) -> tuple[dic
             if t >= cfg.warmup:
                 iterations.append({"step": t, **split.figures()})
                 volumes.append(step_volume(phases.ops()))
+                if live is not None:
+                    live.add(iterations[-1], phases.ops(), phases.waits())
                 if on_step is not None:
                     on_step(iterations)
             recorder.clear()

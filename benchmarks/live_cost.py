@@ -87,9 +87,13 @@ def memory_script(steps: int) -> None:
     dist.init_process_group("gloo")
     t = torch.ones(8)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
-    for _ in range(steps):
+    page = os.sysconf("SC_PAGE_SIZE")
+    for i in range(1, steps + 1):
         dist.all_reduce(t)
         opt.step()  # an optimizer step ends an iteration
+        if i in (1_000, 10_000, 100_000) and dist.get_rank() == 0:  # rank 0's resident memory now
+            rss = int(Path("/proc/self/statm").read_text().split()[1]) * page
+            print(json.dumps({"step": i, "rss_bytes": rss}), flush=True)
     dist.destroy_process_group()
 
 
@@ -110,14 +114,19 @@ def memory(tmp: str) -> list[dict]:
     rows = []
     for steps in MEMORY_STEPS:
         path = Path(tmp) / f"memory-{steps}.json"
-        _profile(["--live", "--metrics-port", "0", "--live-log", str(Path(tmp) / f"memory-{steps}.jsonl"), "--json",
-                  str(path), "--", __file__, "--memory-script", str(steps)], f"live_cost: memory, {steps} steps", tmp)
+        out = _profile(["--live", "--metrics-port", "0", "--live-log", str(Path(tmp) / f"memory-{steps}.jsonl"),
+                        "--json", str(path), "--", __file__, "--memory-script", str(steps)],
+                       f"live_cost: memory, {steps} steps", tmp)
         doc = json.loads(path.read_text())
         rss = doc["summary"]["peak_rss_bytes"]  # the largest rank's
-        rows.append({"steps": steps, "peak_rss_bytes": rss, "iterations_kept": len(doc["iterations"]),
+        now = {x["step"]: x["rss_bytes"] for x in (json.loads(line) for line in out.splitlines()
+                                                          if line.startswith('{"step"'))}
+        rows.append({"steps": steps, "peak_rss_bytes": rss, "rss_bytes_at_step": now,
+                     "iterations_kept": len(doc["iterations"]),
                      "log_bytes": (Path(tmp) / f"memory-{steps}.jsonl").stat().st_size})
-        print(f"{steps} steps: peak RSS {rss / 2**20:.1f} MiB, {rows[-1]['iterations_kept']} iteration records kept",
-              flush=True)
+        print(f"{steps} steps: peak RSS {rss / 2**20:.1f} MiB; rank 0 resident at step "
+              + ", ".join(f"{k:,} {v / 2**20:.1f} MiB" for k, v in now.items())
+              + f"; {rows[-1]['iterations_kept']} iteration records kept", flush=True)
     return rows
 
 

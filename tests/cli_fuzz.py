@@ -195,6 +195,12 @@ RUN = (
     Flag(("--trace",), PATHS),
     Flag(("--torch-profiler",), PATHS),
     Flag(("--link-rate",), RATES),
+    Flag(("--live",), None),
+    Flag(("--live-window",), INTS),
+    Flag(("--metrics-port",), names(["0", "9464", "127.0.0.1:9464", "[::1]:0", "off"],
+                                    ("http", "70000", "", ":", "a:b"))),
+    Flag(("--live-log",), PATHS),
+    Flag(("--live-linger",), FLOATS),
 )
 FLAGS = {"bench": BENCH, "run": RUN}
 

@@ -40,11 +40,14 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
     unseen: Counter = Counter()
     for r in results:
         unseen.update(r["unseen"])
+    steps = {"found": first["found"], "measured": first.get("measured", len(first["iterations"])), "warmup": cfg.warmup,
+             "per_epoch": per_epoch}
+    if steps["measured"] > len(first["iterations"]):  # --live keeps the last live/monitor.KEEP
+        steps["kept"] = len(first["iterations"])
     return {
         "env": env,
         "config": dataclasses.asdict(cfg),
-        "steps": {"found": first["found"], "measured": first.get("measured", len(first["iterations"])),
-                  "kept": len(first["iterations"]), "warmup": cfg.warmup, "per_epoch": per_epoch},
+        "steps": steps,
         "iterations": [{"rank": r["rank"], **it} for r in results for it in r["iterations"]],
         "summary": summary,
         "volume": volume,

@@ -30,8 +30,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from commprof import deadline, job
 from commprof.backends import slots
-from commprof.comm import join, rendezvous_address
-from commprof.comm.control import ControlPlane
+from commprof.comm import join
 from commprof.comm.faults import Injector
 from commprof.comm.store import open_store
 from commprof.errors import CommprofError, ScriptError, UsageError
@@ -39,7 +38,7 @@ from commprof.intercept import Interception
 from commprof.kept import Kept
 from commprof.lifecycle import RankLife
 from commprof.live import monitor
-from commprof.profile import ending
+from commprof.profile import ending, rendezvous
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.contention import note
 from commprof.record.recorder import OpRecorder
@@ -56,7 +55,7 @@ def run_rank(cfg, world: World) -> int:
     fault = Injector.for_rank(world.rank)
     if fault is not None:
         fault.start()
-    _rendezvous_env(world)
+    rendezvous.set_env(world)
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
     job.check_in(world.rank, world.world_size, timeout_s=cfg.timeout_s)
     join("profile")  # the process ends through comm.end_process: see there why
@@ -66,13 +65,6 @@ def run_rank(cfg, world: World) -> int:
     finally:
         session.close()
     return code
-
-
-def _rendezvous_env(world: World) -> None:
-    """torchrun's variables, so the script's env:// rendezvous works under mpiexec and srun too."""
-    addr, port = rendezvous_address(world)
-    os.environ.update(RANK=str(world.rank), WORLD_SIZE=str(world.world_size), LOCAL_RANK=str(world.local_rank),
-                      LOCAL_WORLD_SIZE=str(world.local_world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
 
 
 class Session:
@@ -135,7 +127,7 @@ class Session:
             self.tracker.phases.use(self.recorder.clock)
         world = self.interposer.comm(None)
         world.timeout_s = self._timeout_s
-        world.control = _control_plane(world)
+        world.control = rendezvous.control_plane(world)
         rank = self.life.begin(world, backend=c10d.get_backend(pg))
         if self.cfg.live is not None:
             self.live = monitor.attach(self.cfg.live, self.tracker, rank=self.world.rank,
@@ -300,19 +292,3 @@ class Session:
         dist.init_process_group, dist.destroy_process_group, c10d.init_process_group, \
             c10d.destroy_process_group = self._saved
         self.life.close()
-
-
-def _control_plane(world) -> ControlPlane | None:
-    """A client of its own to the script's rendezvous store (a TCPStore), for the watchdog; None for one rank
-    or a store of another kind (file://), where the watchdog still times every op."""
-    if world.world_size < 2:
-        return None
-    store = c10d._get_default_store()
-    while hasattr(store, "underlying_store"):  # env:// under torchrun, and every group, wrap it in prefixes
-        store = store.underlying_store
-    if not isinstance(store, dist.TCPStore):
-        return None
-    try:
-        return ControlPlane.connect(host=store.host, port=store.port, rank=world.rank, world_size=world.world_size)
-    except Exception:
-        return None

@@ -22,6 +22,7 @@ job does not need. Metrics, labels `rank` and `host` on every per-rank series:
   commprof_finding_seconds_per_step{kind,subject}   each finding of the last window (subject: rank or op)
   commprof_finding_since_step{kind,subject}    the step since which it has held
   commprof_window_last_step                    the last step of the last window (no rank label)
+  commprof_others_cores{host}                  cores other processes used on rank 0's host in the last window
 
 The log: one JSON object per line, each a combined window as written whole with one write; a last line
 {"end": reason} when the job ends. Once it passes MAX_LOG_BYTES it moves to FILE.1 (replacing the one
@@ -117,6 +118,11 @@ class Metrics:
             since.add_metric(values, f.get("since_step", last["first_step"]))
         yield from (cost, since)
         yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window", value=last["last_step"])
+        if last.get("contention"):
+            g = GaugeMetricFamily("commprof_others_cores", "Cores other processes used on rank 0's host, last window",
+                                  labels=["host"])
+            g.add_metric([last["contention"]["host"]], last["contention"]["others_cores"])
+            yield g
 
     def close(self) -> None:
         self.server.shutdown()

@@ -35,8 +35,10 @@ class Live:
     """This rank's part of a live job."""
 
     def __init__(self, cfg: LiveConfig, *, rank: int, world_size: int, control=None, elapsed_ns=None,
-                 show=None) -> None:
+                 show=None, contention=None) -> None:
         self.cfg, self.rank, self.world_size, self.control = cfg, rank, world_size, control
+        self.contention = contention
+        """rank 0: its host's record/contention.Contention, read once a window (None: not known)."""
         self.fold = Fold(rank=rank, host=socket.gethostname(), window=cfg.window, elapsed_ns=elapsed_ns)
         self.show = show
         """rank 0: called with the live line after each combined window (the terminal's progress line)."""
@@ -100,7 +102,12 @@ class Live:
                 time.sleep(0.05)
 
     def _export(self, job: dict) -> None:
-        job["ranks_combined"] = len(job["ranks"])
+        reading = self.contention.lap() if self.contention is not None else None
+        if reading is not None:
+            job["contention"] = reading
+            if reading["contended"]:  # another process's load can make a rank look slow: the reader is told
+                for f in job["findings"]:
+                    f["contended"] = True
         self.held.update(job)
         self.last = job
         if self.metrics is not None:
@@ -133,6 +140,8 @@ class Live:
 def line(job: dict) -> str:
     """The terminal's live text for a combined window: its step and its costliest finding, since when."""
     head = f"live: steps {job['first_step']}-{job['last_step']} {job['step_ms']:.1f} ms/step"
+    if (job.get("contention") or {}).get("contended"):
+        head += f" (contended: others used {job['contention']['others_cores']:.2f} core(s))"
     if not job["findings"]:
         return head + " · no finding above 3 %"
     f = job["findings"][0]
@@ -149,12 +158,12 @@ KEEP = 1000
 holds is then what a 1,000-step one does."""
 
 
-def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress) -> Live:
+def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None) -> Live:
     """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
     clock = tracker.recorder.clock
     live = Live(cfg, rank=rank, world_size=world_size, control=control,
                 elapsed_ns=clock.elapsed_ns if clock.kind == "cuda" else None,
-                show=progress.say if rank == 0 else None)
+                show=progress.say if rank == 0 else None, contention=contention)
     tracker.live = live.add
     tracker.keep = KEEP
     return live

@@ -132,7 +132,7 @@ class Session:
         if self.cfg.live is not None:
             self.live = monitor.attach(self.cfg.live, self.tracker, rank=self.world.rank,
                                        world_size=self.world.world_size, control=world.control,
-                                       progress=self.tracker.progress)
+                                       progress=self.tracker.progress, contention=rank.contention)
             rank.on_failure(lambda code, message: self.live.close(message))
         if self.world.rank == 0:
             kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)

@@ -46,7 +46,7 @@ class Contention:
 
     def __init__(self, pids: list[int]) -> None:
         self._pids = list(pids)
-        self._start = self._sample()
+        self._start = self._lap = self._sample()
 
     def _sample(self) -> tuple:
         return time.monotonic(), _host_ticks(), sum(_process_ticks(p) for p in self._pids)
@@ -54,8 +54,19 @@ class Contention:
     def read(self) -> dict | None:
         """Plain data for the report: the host, seconds measured, cores used by others and stolen on
         average, and whether that counts as contended; None where the host cannot tell."""
-        t0, host0, own0 = self._start
-        t1, host1, own1 = self._sample()
+        return self._between(self._start, self._sample())
+
+    def lap(self) -> dict | None:
+        """As read(), since the previous lap (or the start): a live window's own (live/monitor.py)."""
+        now = self._sample()
+        reading = self._between(self._lap, now)
+        self._lap = now
+        return reading
+
+    @staticmethod
+    def _between(first: tuple, second: tuple) -> dict | None:
+        t0, host0, own0 = first
+        t1, host1, own1 = second
         if host0 is None or host1 is None or t1 <= t0:
             return None
         wall = t1 - t0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from commprof.errors import UsageError
@@ -62,12 +63,17 @@ def read(path: str, not_ours: str) -> dict:
 
 
 def looks_live(path: str) -> bool:
-    """Whether `path` begins as a live log does: a JSON object of a window, or an end line, on its first line."""
+    """Whether `path` is a regular file that begins as a live log does: a JSON object of a window, or an end
+    line, on its first line. Anything else is left to the JSON reader, which names what is wrong with it (a
+    FIFO is not opened here: its open would wait for a writer)."""
     try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-        doc = json.loads(first)
-    except (OSError, ValueError):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return False
+            doc = json.loads(f.readline(1 << 16))
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and ("end" in doc or {"window", "ranks"} <= set(doc))
 

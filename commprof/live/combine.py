@@ -7,6 +7,10 @@ threshold (findings/kinds.py THRESHOLD of the step) of a job's end:
                 when its 95 % interval's lower end reaches the threshold. Without it: the step less that.
   exposed_comm  the op (by name) whose transfer the training threads blocked on longest: the least any rank
                 was blocked on it a step (a rank no peer kept waiting blocks only for the transfer).
+  link          given the link (--link-rate): the ops (name, group, size bucket) whose mean transfer reaches
+                less than LINK_SHARE of the rate of the level they cross, among those whose bytes take at
+                least LINK_MIN_US at it; a group crosses hosts when it has more ranks than any one host holds.
+                Cost: their time beyond the link's a step (mean over ranks), overlapped or not.
   latency_bound collectives smaller than n½ of an α–β fit of the window's own collectives (one point per
                 op, group and size bucket: its mean time against its mean bytes on the bus), at least two a
                 step: what they take a step, less the fit's time for one op of all their bytes per group.
@@ -26,17 +30,19 @@ from __future__ import annotations
 
 import statistics
 
-from commprof.findings.kinds import THRESHOLD
+from commprof.findings.kinds import LINK_MIN_US, LINK_SHARE, THRESHOLD
 from commprof.live.window import split_key
 from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
+from commprof.perfmodel.fabric import Fabric
 from commprof.report.live_log import finding_key
 from commprof.stats import median_ci
 
 
-def combine(windows: list[dict], *, threshold: float = THRESHOLD) -> dict:
+def combine(windows: list[dict], *, threshold: float = THRESHOLD, link: Fabric | None = None) -> dict:
     """One job window from every rank's window of one index: per rank figures, the job's step (the slowest
-    rank's median) and its findings above `threshold` of the step, costliest first."""
+    rank's median) and its findings above `threshold` of the step, costliest first; `link` (--link-rate) adds
+    the ops below half of its rate."""
     ranks = sorted(windows, key=lambda w: w["rank"])
     step_ms = max(w["step_ms"] for w in ranks)
     transfer = min(w["blocked_ms"] for w in ranks)
@@ -44,6 +50,8 @@ def combine(windows: list[dict], *, threshold: float = THRESHOLD) -> dict:
                  "blocked_ms": w["blocked_ms"], "waiting_ms": w["blocked_ms"] - transfer, "transfer_ms": transfer,
                  "ops": w["ops"]} for w in ranks]
     found = _straggler(ranks, step_ms, threshold) + _exposed(ranks, step_ms) + _latency_bound(ranks, step_ms)
+    if link is not None:
+        found += _link(ranks, step_ms, link)
     found = sorted((f for f in found if f["ms_per_step"] >= threshold * step_ms), key=lambda f: -f["ms_per_step"])
     return {"window": ranks[0]["window"], "first_step": min(w["first_step"] for w in ranks),
             "last_step": max(w["last_step"] for w in ranks), "steps": min(w["steps"] for w in ranks),
@@ -146,3 +154,35 @@ class Held:
         self.since = {k: self.since.get(k, job["first_step"]) for k in now}
         for k, f in now.items():
             f["since_step"] = self.since[k]
+
+
+def _link(ranks: list[dict], step_ms: float, link: Fabric) -> list[dict]:
+    steps, per_host = min(w["steps"] for w in ranks), {}
+    for w in ranks:
+        per_host[w["host"]] = per_host.get(w["host"], 0) + 1
+    slow: dict[str, dict] = {}
+    for w in ranks:
+        for key, (count, nbytes, seconds, _, size) in w["ops"].items():
+            name, group, _ = split_key(key)
+            rate = link.rate_GBps(len(per_host) > 1 and size > max(per_host.values()))
+            if not count or not seconds or not rate or name == "barrier":
+                continue
+            bus = nbytes / count * (COLLECTIVES[name].bus_factor(size) if name in COLLECTIVES else 1.0)
+            took_ms, at_link_ms = seconds / count * 1e3, bus / (rate * 1e9) * 1e3
+            if at_link_ms * 1e3 < LINK_MIN_US or at_link_ms / took_ms >= LINK_SHARE:
+                continue
+            s = slow.setdefault(key, {"op": name, "group": group, "bytes": nbytes // count, "link_GBps": rate,
+                                      "over_ms": 0.0, "share": []})
+            s["over_ms"] += (took_ms - at_link_ms) * count / steps / len(ranks)
+            s["share"].append(at_link_ms / took_ms)
+    if not slow:
+        return []
+    ops = sorted(({**s, "fraction_of_link": statistics.median(s["share"]),
+                   "busbw_GBps": s["link_GBps"] * statistics.median(s["share"])} for s in slow.values()),
+                 key=lambda s: s["fraction_of_link"])
+    for s in ops:
+        del s["share"]
+    worst = ops[0]
+    return [_finding("link", sum(s["over_ms"] for s in ops), step_ms, op=worst["op"], group=worst["group"],
+                     bytes=worst["bytes"], evidence={"link_GBps": worst["link_GBps"], "share": LINK_SHARE,
+                                                     "ops": ops})]

@@ -35,8 +35,10 @@ class Live:
     """This rank's part of a live job."""
 
     def __init__(self, cfg: LiveConfig, *, rank: int, world_size: int, control=None, elapsed_ns=None,
-                 show=None, contention=None) -> None:
+                 show=None, contention=None, link=None) -> None:
         self.cfg, self.rank, self.world_size, self.control = cfg, rank, world_size, control
+        self.link = link
+        """The link the ops cross (--link-rate, a perfmodel Fabric): the windows find `link` too; None: not."""
         self.contention = contention
         """rank 0: its host's record/contention.Contention, read once a window (None: not known)."""
         self.fold = Fold(rank=rank, host=socket.gethostname(), window=cfg.window, elapsed_ns=elapsed_ns)
@@ -95,7 +97,7 @@ class Live:
                     pass
             late = time.monotonic() >= deadline
             if len(have) == self.world_size or len(self.pending) > MAX_PENDING or (within_s and late):
-                self._export(combine(list(self.pending.pop(index).values())))
+                self._export(combine(list(self.pending.pop(index).values()), link=self.link))
             elif late:
                 return
             else:
@@ -158,12 +160,13 @@ KEEP = 1000
 holds is then what a 1,000-step one does."""
 
 
-def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None) -> Live:
+def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None,
+           link=None) -> Live:
     """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
     clock = tracker.recorder.clock
     live = Live(cfg, rank=rank, world_size=world_size, control=control,
                 elapsed_ns=clock.elapsed_ns if clock.kind == "cuda" else None,
-                show=progress.say if rank == 0 else None, contention=contention)
+                show=progress.say if rank == 0 else None, contention=contention, link=link)
     tracker.live = live.add
     tracker.keep = KEEP
     return live

@@ -232,7 +232,8 @@ class _Run(lifecycle.Command):
             from commprof.live.monitor import Live
 
             live = Live(cfg.live, rank=rank.world.rank, world_size=rank.world.world_size,
-                        control=rank.comm.control if rank.comm is not None else None, contention=rank.contention)
+                        control=rank.comm.control if rank.comm is not None else None, contention=rank.contention,
+                        link=cfg.link)
             rank.on_failure(lambda code, message: live.close(message))
         result, state = train(cfg, comm, rank.device, on_step=on_step, live=live)
         if live is not None:

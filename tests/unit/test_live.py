@@ -180,3 +180,17 @@ def test_live_flags():
                        (("--live", "--metrics-port", "70000"), "--metrics-port '70000'")):
         with pytest.raises(UsageError, match=said):
             live_config(_args(*argv))
+
+
+def test_an_op_below_half_the_link_is_named_given_the_link():
+    from commprof.perfmodel.fabric import link_flag
+
+    op = [("all_gather", 64 << 20, 2, 200.0, "world")]  # 64 MiB in 200 ms: 0.17 GB/s on the bus
+    folds = [Fold(rank=r, host="h", window=5) for r in range(2)]
+    windows = [[f.add(*_iteration(i, 250.0, 0.0, ops=op)) for i in range(5)][-1] for f in folds]
+    assert not [f for f in combine(windows)["findings"] if f["kind"] == "link"]  # no link given, none named
+    found = [f for f in combine(windows, link=link_flag("10GB/s"))["findings"] if f["kind"] == "link"]
+    at_link_ms = (64 << 20) * 0.5 / 10e9 * 1e3  # all_gather's bus bytes at 2 ranks: half the payload
+    assert found and found[0]["op"] == "all_gather" and found[0]["bytes"] == 64 << 20
+    assert found[0]["ms_per_step"] == pytest.approx(200.0 - at_link_ms)
+    assert found[0]["evidence"]["ops"][0]["fraction_of_link"] == pytest.approx(at_link_ms / 200.0)

@@ -43,11 +43,14 @@ def test_run_and_profile_show_progress_on_a_terminal_only(tmp_path):
     code, shown = _on_a_terminal(["run", "--strategy", "ddp", *steps, "--steps", "12", "--eval-samples", "0"])
     assert code == 0 and re.search(r"12/12\S* \d+\.\d ms/iteration", shown), shown[-2000:]
     script = os.path.join(ROOT, "tests", "scripts", "ddp_train.py")
-    code, shown = _on_a_terminal(["profile", *steps, "--", script, "--steps", "40"], stdout_too=True)
+    code, shown = _on_a_terminal(["profile", *steps, "--live", "--live-window", "5", "--metrics-port", "off", "--",
+                                  script, "--steps", "40"], stdout_too=True)
     # what starts is said at once; the count so far and the time so far (a script's iteration count is its own)
     assert code == 0 and shown.startswith("commprof profile: starting 2 rank(s) on gloo…"), shown[:300]
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # colours and cursor moves left out
     assert re.search(r"iteration \d+ \d+\.\d ms/iteration \d+:\d\d:\d\d", plain), plain[-2000:]
+    # --live: the last window's step time and top finding on the same line
+    assert re.search(r"live: steps \d+-\d+ \d+\.\d ms/step( \(contended[^)]*\))? · ", plain), plain[-2000:]
     # the script's own line goes above the progress line, on a line of its own, not onto it
     assert re.search(r'(^|[\r\n])\{"params": ', plain), plain[-2000:]
     # off a terminal nothing of it: tests/test_run_cli.py (a run whose stderr is a pipe)

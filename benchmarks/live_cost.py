@@ -10,8 +10,8 @@ A/A job alternates the same way with live on throughout: the comparison's own no
 mean of its steps after the first (a mean, not a median: the step that ends a window pays for it, once in
 --window steps); each block divided by the next block of the other arm; per workload the median of those ratios
 over every job, with its 95 % CI (common.median_ci). Beside it, what resolves far below that noise: the time the
-training thread spends in live's own code (the fold, and at each window's end its post, combination, export and
-log line), timed around it, per measured step.
+training thread spends in live's own code (the fold, and at each window's end handing it over), timed around it,
+plus the CPU time of rank 0's live thread (combining, exporting, the log), per measured step.
 
     python benchmarks/live_cost.py [--quick] [--workloads ddp,fsdp2,pipeline] [--jobs 2] [--steps 120]
                                    [--block 10] [--window 20]
@@ -75,8 +75,10 @@ def script(kind: str, workload: str, steps: int, block: int) -> None:
     means = [(arm, statistics.fmean(ms)) for arm, ms in blocks[1:] if ms]
     ratios = [(a[1] / b[1]) if a[0] == "on" else (b[1] / a[1]) for a, b in zip(means, means[1:])]
     if dist.get_rank() == 0:
+        thread_ms = live.__self__.thread_s * 1e3 / max(1, spent[1])  # rank 0's live thread, per folded step
         print(json.dumps({"ratios": ratios, "on_ms": statistics.median(m for a, m in means if a == "on"),
-                          "live_ms_per_step": spent[0] * 1e3 / max(1, spent[1])}), flush=True)
+                          "live_ms_per_step": spent[0] * 1e3 / max(1, spent[1]) + thread_ms,
+                          "thread_ms_per_step": thread_ms}), flush=True)
     dist.destroy_process_group()
 
 

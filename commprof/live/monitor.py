@@ -1,7 +1,8 @@
 """A live job on one rank: each measured iteration folded into this rank's window (live/window.py); every
 window posted to rank 0 over the job's control plane (the store beside the rendezvous, never the script's
-process group: no rank waits for another for it); rank 0 combines the windows every rank has posted
-(live/combine.py), exports them (live/export.py) and says the last one on the terminal's progress line.
+process group: no rank waits for another for it); on rank 0 a thread of its own combines the windows every
+rank has posted (live/combine.py) as soon as they are there, exports them (live/export.py) and says the last
+one on the terminal's progress line — the training thread only folds and hands its window over.
 
     live = Live(cfg.live, rank=0, world_size=2, control=plane, show=say)
     tracker.live = live.add             # after each measured iteration (record/hooks.py)
@@ -14,10 +15,13 @@ Exercised by: `pytest tests/test_live_jobs.py`.
 
 from __future__ import annotations
 
+import queue
 import socket
 import sys
+import threading
 import time
 
+from commprof.comm.control import REPLY_S
 from commprof.findings.kinds import THRESHOLD
 from commprof.live.combine import Held, combine
 from commprof.live.config import LiveConfig
@@ -29,6 +33,9 @@ MAX_PENDING = 8
 """Windows rank 0 holds for a rank not yet there; past this many, the oldest is combined with what it has."""
 CLOSE_S = 3.0
 """How long rank 0 waits at the end for the other ranks' last windows."""
+POLL_S = 0.2
+"""How often rank 0's thread asks the store for a window a rank has not posted yet (only while one is due)."""
+_CLOSE = object()
 
 
 class Live:
@@ -52,6 +59,10 @@ class Live:
         self.last: dict | None = None
         """rank 0: the last combined window."""
         self.closed = False
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.thread_s = 0.0
+        """rank 0: the CPU time its live thread has used so far (benchmarks/live_cost.py reads it)."""
         if rank != 0:
             return
         if cfg.log:
@@ -64,6 +75,8 @@ class Live:
                                  f"({exc.strerror or exc}): no metrics endpoint\n")
             else:
                 sys.stderr.write(f"commprof: live metrics on http://{_host(cfg.address)}:{self.metrics.port}/metrics\n")
+        self._thread = threading.Thread(target=self._run, name="commprof-live", daemon=True)
+        self._thread.start()
 
     def add(self, iteration: dict, ops: list, waits: list) -> None:
         """One measured iteration (record/hooks.py calls it)."""
@@ -79,8 +92,22 @@ class Live:
                 except Exception:  # rank 0's store gone: the job is ending, the watchdog says why
                     pass
             return
-        self.pending.setdefault(window["window"], {})[0] = window
-        self._collect()
+        self._queue.put(window)
+
+    def _run(self) -> None:
+        """Rank 0's thread: each window of its own as it comes; the others' as soon as the store has them."""
+        while True:
+            try:
+                item = self._queue.get(timeout=POLL_S if self.pending else None)
+            except queue.Empty:
+                item = None
+            if isinstance(item, tuple) and item[0] is _CLOSE:
+                self._collect(within_s=item[1])
+                return
+            if item is not None:
+                self.pending.setdefault(item["window"], {})[0] = item
+            self._collect()
+            self.thread_s = time.thread_time()
 
     def _collect(self, *, within_s: float = 0.0) -> None:
         """Combine, in order, every pending window all ranks have posted. With `within_s` (the end): wait that
@@ -128,9 +155,11 @@ class Live:
         window = self.fold.flush()
         if window is not None:
             self._post(window)
-        if self.rank != 0:
+        if self._thread is None:
             return
-        self._collect(within_s=CLOSE_S if reason == "complete" else 0.5)
+        within = CLOSE_S if reason == "complete" else 0.5
+        self._queue.put((_CLOSE, within))
+        self._thread.join(within + 2 * REPLY_S)
         if self.log is not None:
             self.log.end(reason)
         if self.metrics is not None:

@@ -165,7 +165,8 @@ def main() -> None:
                     for kind in kinds if j % 2 == 0 else kinds[::-1]:
                         got[kind].append(run(kind, w, args, tmp))
                 row = {"workload": w, "step_ms": statistics.median(x["on_ms"] for x in got["live"]),
-                       "live_ms_per_step": statistics.median(x["live_ms_per_step"] for x in got["live"])}
+                       "live_ms_per_step": statistics.median(x["live_ms_per_step"] for x in got["live"]),
+                       "thread_ms_per_step": statistics.median(x["thread_ms_per_step"] for x in got["live"])}
                 for kind in kinds:
                     ratios = [r for x in got[kind] for r in x["ratios"]]
                     row[kind] = {"ratio": statistics.median(ratios), "ci95": list(median_ci(ratios)),

@@ -12,8 +12,9 @@ threshold (findings/kinds.py THRESHOLD of the step) of a job's end:
                 least LINK_MIN_US at it; a group crosses hosts when it has more ranks than any one host holds.
                 Cost: their time beyond the link's a step (mean over ranks), overlapped or not.
   latency_bound collectives smaller than n½ of an α–β fit of the window's own collectives (one point per
-                op, group and size bucket: its mean time against its mean bytes on the bus), at least two a
-                step: what they take a step, less the fit's time for one op of all their bytes per group.
+                op, group and size bucket: its mean time against its mean bytes on the bus; MIN_SIZES sizes
+                at least), at least two a step: what they take a step, less the fit's time for one op of all
+                their bytes per group.
 
 Per rank, what the job's end splits from the trace is split from the window's medians: its blocked time is
 `waiting_ms` (beyond the least-blocked rank's: time its peers took to arrive) and `transfer_ms` (the least
@@ -37,6 +38,10 @@ from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.report.live_log import finding_key
 from commprof.stats import median_ci
+
+MIN_SIZES = 3
+"""Sizes on the bus a window's collectives must span for its α–β fit: a DDP job's two buckets would give a line
+through two points, and a β of about 0 made every op "latency-bound" (a balanced 2-bucket job, 30 % of its step)."""
 
 
 def combine(windows: list[dict], *, threshold: float = THRESHOLD, link: Fabric | None = None) -> dict:
@@ -120,6 +125,8 @@ def _latency_bound(ranks: list[dict], step_ms: float) -> list[dict]:
                 p = points.setdefault(key, [0, 0, 0.0, agg[4]])
                 p[0], p[1], p[2] = p[0] + agg[0], p[1] + agg[1], p[2] + agg[2]
     bus = {k: p[1] / p[0] * COLLECTIVES[split_key(k)[0]].bus_factor(p[3]) for k, p in points.items()}
+    if len({round(b) for b in bus.values()}) < MIN_SIZES:  # a line through two points fits anything
+        return []
     line = fit([(bus[k], p[2] / p[0]) for k, p in points.items()])
     if line is None or line.alpha_s <= 0:
         return []

@@ -194,3 +194,10 @@ def test_an_op_below_half_the_link_is_named_given_the_link():
     assert found and found[0]["op"] == "all_gather" and found[0]["bytes"] == 64 << 20
     assert found[0]["ms_per_step"] == pytest.approx(200.0 - at_link_ms)
     assert found[0]["evidence"]["ops"][0]["fraction_of_link"] == pytest.approx(at_link_ms / 200.0)
+
+
+def test_two_sizes_of_ops_fit_no_line_and_name_no_latency_bound():
+    two = [("all_reduce", 1 << 20, 2, 3.0, "world"), ("all_reduce", 1 << 19, 2, 3.0, "world")]
+    folds = [Fold(rank=r, host="h", window=5) for r in range(2)]
+    windows = [[f.add(*_iteration(i, 9.0, 3.0, ops=two)) for i in range(5)][-1] for f in folds]
+    assert not [f for f in combine(windows)["findings"] if f["kind"] == "latency_bound"]

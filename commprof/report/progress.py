@@ -58,9 +58,11 @@ class StepProgress:
             self.last = now
 
     def say(self, text: str) -> None:
-        """A line of the job's own beside the progress (a live job's last window: live/monitor.py)."""
+        """A line of the job's own beside the progress (a live job's last window: live/monitor.py), drawn now:
+        it comes from a thread of its own, once a window, maybe after the loop's last draw."""
         if self.progress is not None:
             self.progress.update(self.task, live=text)
+            self.progress.refresh()
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:

@@ -1,7 +1,8 @@
-"""A rank wrapper (COMMPROF_RANK_WRAPPER) for tests/test_failures.py: runs one commprof rank in this
-process and prints the Python threads still alive as the rank ends. A rank ends through
-commprof.comm.end_process (os._exit, after its Comm is closed), so this wraps os._exit: commprof must
-have ended its own threads by then — the watchdog's — or they would be cut off mid-write."""
+"""A rank wrapper (COMMPROF_RANK_WRAPPER) for tests/test_failures.py: runs one commprof rank in this process and
+prints the Python threads still alive as the rank ends (into EXIT_THREADS_DIR/rank<r>.txt where that is set: a
+line written after MPI_Finalize was lost once on its way through mpiexec's forwarding). A rank ends through
+commprof.comm.end_process (os._exit, after its Comm is closed), so this wraps os._exit: commprof must have ended
+its own threads by then — the watchdog's — or they would be cut off mid-write."""
 
 import os
 import runpy
@@ -16,7 +17,13 @@ def _report_and_exit(code: int) -> None:
     # One write of the whole line: print() under PYTHONUNBUFFERED writes the text and its newline apart,
     # and mpiexec's forwarding can put the other rank's line between them.
     sys.stdout.flush()
-    os.write(1, f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}\n".encode())
+    line = f"rank {os.environ.get('PMI_RANK', os.environ.get('RANK'))} threads at exit: {alive}\n".encode()
+    folder = os.environ.get("EXIT_THREADS_DIR")
+    if folder:  # a file of the rank's own: after MPI_Finalize, mpiexec may have stopped forwarding its stdout
+        with open(os.path.join(folder, f"rank{os.environ.get('PMI_RANK', os.environ.get('RANK'))}.txt"), "wb") as f:
+            f.write(line)
+    else:
+        os.write(1, line)
     _exit(code)
 
 

@@ -164,13 +164,13 @@ def test_a_rank_ends_through_end_process_with_its_output_and_code(backend):
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_ranks_end_with_no_thread_of_their_own_left(backend):
+def test_ranks_end_with_no_thread_of_their_own_left(backend, tmp_path):
     wrapper = f"{sys.executable} {Path(__file__).with_name('exit_threads.py')}"
     proc = commprof("bench", "all_reduce", "--backend", backend, "--nproc", "2", *SMALL,
-                    env=env_for_tests(COMMPROF_RANK_WRAPPER=wrapper), timeout=120)
+                    env=env_for_tests(COMMPROF_RANK_WRAPPER=wrapper, EXIT_THREADS_DIR=str(tmp_path)), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(line for line in proc.stdout.splitlines() if "threads at exit" in line) == [
-        "rank 0 threads at exit: []", "rank 1 threads at exit: []"]
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == [
+        "rank 0 threads at exit: []\n", "rank 1 threads at exit: []\n"]
 
 
 @pytest.mark.parametrize("spec,code,words", [

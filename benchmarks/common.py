@@ -463,3 +463,36 @@ def fsdp2_units(_, device):
         opt.zero_grad()
 
     return step, lambda: None
+
+
+# ---- a straggler every other step -----------------------------------------------------------------------
+def alternating_ratios(trace_dir: str, delay_ms: float, slow: int) -> dict:
+    """From the trace of a job whose rank `slow` was slept `delay_ms` before every other step: each delayed
+    iteration's step without the straggler (that iteration alone replayed, commprof/findings/whatif.py) over the
+    mean measured step of the balanced iterations on either side of it, a control from the same moment of the
+    machine; beside it, a balanced iteration over the balanced ones two away on either side (the same comparison
+    with nothing to take away). findings.py and findings_workloads.py read their alternating jobs with it."""
+    from dataclasses import replace
+
+    from commprof.findings import whatif
+    from commprof.findings.arrivals import analyze
+    from commprof.perfmodel import timeline
+
+    m = timeline.load(trace_dir)
+    analysis = analyze(m)
+    walls = [max(p.wall_ms for p in it) for it in m.iterations]
+    own = [[sum(s[1] for s in p.steps if s[0] == "busy") for p in it] for it in m.iterations]
+    delayed = [o[slow] - statistics.median(o[:slow] + o[slow + 1:]) > delay_ms / 2 for o in own]
+    ratios, controls = [], []
+    for i in range(1, len(walls) - 1):
+        if delayed[i] and not (delayed[i - 1] or delayed[i + 1]):
+            without = whatif.without_straggler(replace(m, iterations=(m.iterations[i],)), analysis, slow)
+            ratios.append(without / statistics.fmean([walls[i - 1], walls[i + 1]]))
+        elif 2 <= i < len(walls) - 2 and not (delayed[i] or delayed[i - 2] or delayed[i + 2]):
+            controls.append(walls[i] / statistics.fmean([walls[i - 2], walls[i + 2]]))
+    return {"delayed_iterations": sum(delayed), "iterations": len(walls), "pairs": len(ratios),
+            "late_ops_priced_aligned": whatif.priced_aligned(analysis, slow),
+            "without_over_neighbours": statistics.median(ratios) if ratios else None,
+            "without_over_neighbours_ci95": median_ci(ratios) if len(ratios) > 2 else None,
+            "balanced_over_neighbours": statistics.median(controls) if controls else None,
+            "balanced_over_neighbours_ci95": median_ci(controls) if len(controls) > 2 else None}

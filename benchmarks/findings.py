@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, job, median_ci, parse, parser, with_root
+from common import ROOT, alternating_ratios, job, parse, parser, with_root
 
 SCRIPTS = ROOT / "tests" / "scripts"
 QUICK = {"delays": "20", "backends": "gloo", "steps": 6}
@@ -172,34 +172,11 @@ def alternating(tmp: Path, backend: str, nproc: int, delay: float, steps: list[s
     the balanced iterations on either side of it, a control from the same moment of the machine; beside it, a
     balanced iteration over the balanced ones two away on either side (the same comparison with nothing to
     take away)."""
-    from dataclasses import replace
-
-    from commprof.findings import whatif
-    from commprof.findings.arrivals import analyze
-    from commprof.perfmodel import timeline
-
     name = f"{backend}-alternating{delay:g}"
     profiled(tmp, name, backend, nproc, "straggler_train.py", *steps, "--delay-ms", str(delay), "--delay-every", "2",
              bind=bind)
-    m = timeline.load(str(tmp / name))
-    analysis = analyze(m)
-    walls = [max(p.wall_ms for p in it) for it in m.iterations]
-    own = [[sum(s[1] for s in p.steps if s[0] == "busy") for p in it] for it in m.iterations]
-    delayed = [o[1] - statistics.median(o[:1] + o[2:]) > delay / 2 for o in own]
-    ratios, controls = [], []
-    for i in range(1, len(walls) - 1):
-        if delayed[i] and not (delayed[i - 1] or delayed[i + 1]):
-            without = whatif.without_straggler(replace(m, iterations=(m.iterations[i],)), analysis, 1)
-            ratios.append(without / statistics.fmean([walls[i - 1], walls[i + 1]]))
-        elif 2 <= i < len(walls) - 2 and not (delayed[i] or delayed[i - 2] or delayed[i + 2]):
-            controls.append(walls[i] / statistics.fmean([walls[i - 2], walls[i + 2]]))
     row = {"case": "straggler_alternating", "backend": backend, "nproc": nproc, "delay_ms": delay,
-           "delayed_iterations": sum(delayed), "iterations": len(walls), "pairs": len(ratios),
-           "late_ops_priced_aligned": whatif.priced_aligned(analysis, 1),
-           "without_over_neighbours": statistics.median(ratios) if ratios else None,
-           "without_over_neighbours_ci95": median_ci(ratios) if len(ratios) > 2 else None,
-           "balanced_over_neighbours": statistics.median(controls) if controls else None,
-           "balanced_over_neighbours_ci95": median_ci(controls) if len(controls) > 2 else None}
+           **alternating_ratios(str(tmp / name), delay, 1)}
     print(f"straggler every other step, D={delay:g} ms ({backend}, {nproc} ranks): {row['pairs']} delayed "
           f"iterations, step without ÷ its balanced neighbours {_f(row['without_over_neighbours'])} "
           f"{row['without_over_neighbours_ci95']}; balanced ÷ balanced {_f(row['balanced_over_neighbours'])}",

@@ -57,6 +57,7 @@ PROMISES: dict[str, list[tuple]] = {
     "run_vs_torch": [("pairs", "ddp", "ratio"), ("pairs", "ddp", "ratio_ci95"), ("pairs", "fsdp", "ratio")],
     "seen_backend": [("seen_minus_without_us",), ("seen_minus_without_ci95_us",), ("through_minus_without_us",)],
     "startup": [("summary", "help", "ratio"), ("summary", "help", "paired_ratio_ci95")],
+    "findings_workloads": [("rows", 0, "named"), ("rows", 0, "cost_over_delay"), ("rows", 0, "above_step")],
     "stress": [("runs",), ("failures",)],
     "trace_overhead": [("summary", "nvtx_over_off", "median"), ("summary", "trace_over_off", "ci95"),
                        ("summary", "ranges_per_iteration")],

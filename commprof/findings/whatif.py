@@ -21,7 +21,7 @@ from typing import Callable
 
 from commprof.findings.arrivals import Analysis, median
 from commprof.perfmodel.replay import replay
-from commprof.perfmodel.timeline import Measured, Op, Program
+from commprof.perfmodel.timeline import RECVS, SENDS, Measured, Op, Program
 
 Edit = Callable[[tuple[Program, ...]], tuple[Program, ...]]
 
@@ -32,6 +32,12 @@ def measured_costs(analysis: Analysis) -> Callable[[Op], float]:
     return lambda op: took.get(op.key, op.measured_ms)
 
 
+MESSAGES = (SENDS, RECVS)
+"""Point-to-point messages cost what they took, late or not: a receiver waiting for a late sender takes the
+whole message once it is sent (the transfer after the last issue is all of it), and a late receiver finds the
+bytes in its socket, as it would have found them had it come on time. Aligned iterations leave messages alone
+(record/aligned.py), and a message's instances that met together are no better price: an irecv posted
+ahead completes when its bytes come, long after both issues (a pipeline's stage posts every micro-batch's)."""
 ALIGNED = 0.25
 """An op's parties met together when its arrival spread is at most this share of its transfer."""
 MIN_MET = 2
@@ -48,7 +54,8 @@ def _late(analysis: Analysis, late: int) -> tuple[dict, list]:
         if a.spread_ms <= ALIGNED * a.transfer_ms:
             met.setdefault((a.op.name, a.op.label, a.op.nbytes), []).append(a.transfer_ms)
     met = {op: took for op, took in met.items() if len(took) >= MIN_MET}
-    return met, [a for a in analysis.arrivals if a.last == late and a.spread_ms > ALIGNED * a.transfer_ms]
+    return met, [a for a in analysis.arrivals
+                 if a.last == late and a.spread_ms > ALIGNED * a.transfer_ms and a.op.name not in MESSAGES]
 
 
 def priced_aligned(analysis: Analysis, late: int) -> float:

@@ -48,6 +48,26 @@ def test_ops_a_straggler_made_late_cost_their_aligned_transfer_without_it():
     assert whatif.priced_aligned(a, 1) == pytest.approx(2 / 3) and whatif.priced_aligned(a, 2) == 1.0
 
 
+def test_a_message_a_straggler_made_late_costs_what_it_took():
+    # a pipeline stage posts each micro-batch's irecv ahead: instances of a message whose parties "met together"
+    # then complete long after both issues, and pricing the late ones at their median lengthened the step
+    # without the straggler past the balanced job's (1.47 of it); nor was any message priced (a lower bound)
+    from commprof.findings import whatif
+    from commprof.findings.arrivals import Analysis, Arrival
+    from commprof.perfmodel.timeline import Op
+
+    def message(k, name, last, spread, transfer):
+        op = Op(key=("world", "send-recv", 1, 0, k), name=name, label="world", members=(0, 1), nbytes=8192,
+                measured_ms=spread + transfer)
+        return Arrival(op=op, parties=(1, 0), last=last, spread_ms=spread, transfer_ms=transfer)
+    # met together with long transfers twice; rank 1, the sender, late by 20 ms twice, each 0.2 ms once sent
+    ops = [message(0, "recv", 0, 0.1, 6.0), message(1, "recv", 1, 0.2, 7.0), message(2, "recv", 1, 20.0, 0.2),
+           message(3, "send", 1, 20.0, 0.3)]
+    a = Analysis(iterations=1, step_ms=30.0, arrivals=tuple(ops), per_iteration=(), ranks=(), exposed_by_op={})
+    assert [whatif.aligned_costs(a, late=1)(x.op) for x in ops] == pytest.approx([6.0, 7.0, 0.2, 0.3])
+    assert whatif.priced_aligned(a, 1) == 1.0
+
+
 def test_a_cause_taken_away_never_lengthens_the_step():
     # an op priced higher without the cause (its aligned transfer above the one it took late) made the replay
     # of the edited iteration end later: the "step without it" was printed above the step

@@ -40,7 +40,8 @@ from torch.distributed import distributed_c10d as c10d
 from commprof.comm import torch_own
 from commprof.comm.torch_comm import TorchComm
 from commprof.intercept import compiling
-from commprof.intercept.interposer import _ORIGINAL, Interposer, P2POp
+from commprof.intercept.interposer import Interposer
+from commprof.intercept.p2p import _ORIGINAL, P2POp
 from commprof.record.recorder import OpRecorder
 
 ROUTED = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",

@@ -23,7 +23,7 @@ from torch.distributed import distributed_c10d as c10d
 from commprof.comm import torch_own
 from commprof.comm.gloo_comm import comm_class
 from commprof.comm.torch_comm import TorchComm
-from commprof.intercept.work import Work
+from commprof.intercept.p2p import PointToPoint
 from commprof.intercept.work import work as _work
 from commprof.record import aligned
 from commprof.record.clock import CpuClock, CudaClock
@@ -38,7 +38,7 @@ _WORLD = c10d._world
 and _get_default_group() are calls, and each Python call costs about 1 µs right after a gloo op)."""
 
 
-class Interposer:
+class Interposer(PointToPoint):
     """The Comms of a script's process groups, sharing one op log."""
 
     def __init__(self, recorder: OpRecorder | None = None) -> None:
@@ -182,53 +182,6 @@ class Interposer:
 
         return _work(handle, scatter_out)
 
-    def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
-        if _compiling():
-            return torch_own.c10d.send(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
-        comm = self.comm(group)
-        if not tensor.is_contiguous():
-            return self._torch("send", tensor, dst, group=group, tag=tag, group_dst=group_dst)
-        comm.send(tensor, dst=_peer(comm, dst, group_dst))
-
-    def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
-        if _compiling():
-            return torch_own.c10d.recv(tensor, src=src, group=group, tag=tag, group_src=group_src)
-        comm = self.comm(group)
-        if (src is None and group_src is None) or not tensor.is_contiguous():  # any source: Comm names one
-            return self._torch("recv", tensor, src, group=group, tag=tag, group_src=group_src)
-        peer = _peer(comm, src, group_src)
-        comm.recv(tensor, src=peer)
-        return comm.members[peer]
-
-    def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
-        if _compiling():
-            return torch_own.c10d.isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
-        comm = self.comm(group)
-        if not tensor.is_contiguous():
-            return self._torch("isend", tensor, dst, group=group, tag=tag, group_dst=group_dst)
-        return Work(comm.isend(tensor, dst=_peer(comm, dst, group_dst)))
-
-    def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
-        if _compiling():
-            return torch_own.c10d.irecv(tensor, src=src, group=group, tag=tag, group_src=group_src)
-        comm = self.comm(group)
-        if (src is None and group_src is None) or not tensor.is_contiguous():
-            return self._torch("irecv", tensor, src, group=group, tag=tag, group_src=group_src)
-        return Work(comm.irecv(tensor, src=_peer(comm, src, group_src)))
-
-    def batch_isend_irecv(self, p2p_op_list):
-        if _compiling():
-            return torch_own.c10d.batch_isend_irecv(p2p_op_list)
-        if len(p2p_op_list) > 1 and c10d.get_backend(p2p_op_list[0].group) == "nccl":
-            return self._torch("batch_isend_irecv", [_original(op) for op in p2p_op_list])
-        works = []
-        for op in p2p_op_list:  # gloo and MPI match each op on its own: issued one by one, in order
-            send = _ORIGINAL.get(op.op, op.op) is c10d.isend
-            call = self.isend if send else self.irecv
-            peer = {"group_dst" if send else "group_src": op.group_peer}
-            works.append(call(op.tensor, group=op.group, tag=op.tag, **peer))
-        return works
-
     def barrier(self, group=None, async_op=False, device_ids=None, timeout=None):
         if _compiling():
             return torch_own.c10d.barrier(group=group, async_op=async_op, device_ids=device_ids, timeout=timeout)
@@ -267,10 +220,10 @@ class Interposer:
                 out.copy_(piece.view(out.shape))
 
     def _torch(self, name: str, *args, **kwargs):
-        if _compiling():
-            return getattr(torch_own.c10d, name)(*args, **kwargs)
         """torch's own `name`, counted as unseen; whatever it calls by distributed_c10d's names is torch's too
         (all_gather_into_tensor calls all_gather_single: not a second op)."""
+        if _compiling():
+            return getattr(torch_own.c10d, name)(*args, **kwargs)
         self.unseen[name] += 1
         with torch_own.own():
             return getattr(torch_own.c10d, name)(*args, **kwargs)
@@ -284,33 +237,9 @@ it would without commprof, the call then running eagerly through the wrapper. Wi
 commprof's own code and break the script's graph inside it."""
 
 
-
 def one_dtype(tensors) -> bool:
     """Whether the tensors of a coalesced call can be laid end to end in one: at least one, all of one dtype."""
     return bool(tensors) and len({t.dtype for t in tensors}) == 1
-
-
-def _peer(comm, rank, group_rank) -> int:
-    """The group rank of a p2p peer given as a global rank or as a group rank."""
-    return group_rank if group_rank is not None else comm.members.index(rank)
-
-
-class P2POp(c10d.P2POp):
-    """torch's P2POp, taking the rebound isend/irecv as well as torch's own (its check knows only those)."""
-
-    def __new__(cls, op, tensor, peer=None, group=None, tag=0, group_peer=None):
-        return super().__new__(cls, _ORIGINAL.get(op, op), tensor, peer, group, tag, group_peer)
-
-
-def _original(op):
-    """A torch P2POp of `op`, with torch's own isend/irecv (for torch's own batch_isend_irecv)."""
-    return c10d.P2POp(_ORIGINAL.get(op.op, op.op), op.tensor, group=op.group, tag=op.tag, group_peer=op.group_peer)
-
-
-_ORIGINAL: dict = {}
-"""Rebound function -> torch's own, while installed. Module-level on purpose: held by the Interposer, the
-wrappers (which hold its methods) would make a cycle, and its process groups would then wait for the cyclic
-collector — which may run after destroy_process_group, and a gloo group freed then aborts the process."""
 
 
 def _label(ranks: list[int]) -> str:

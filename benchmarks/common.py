@@ -329,6 +329,12 @@ def ddp(model_name: str, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
+    return classifier_step(model, opt, x, y), lambda: None
+
+
+def classifier_step(model, opt, x, y):
+    """One step of a classifier on one batch: cross-entropy, backward, the optimizer's step."""
+    import torch
 
     def step():
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -336,7 +342,7 @@ def ddp(model_name: str, device):
         loss.backward()
         opt.step()
 
-    return step, lambda: None
+    return step
 
 
 def fsdp2(_, device):

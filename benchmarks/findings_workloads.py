@@ -20,7 +20,7 @@ Workloads:
     python benchmarks/findings_workloads.py [--quick] [--workloads ddp,fsdp2,pipeline] [--delay-ms 20]
                                             [--rounds 3] [--steps 40] [--json PATH]
 
---quick: ddp alone, one delayed job of 8 steps (no balanced or alternating one): that it runs. Target: step
+--quick: ddp alone, its alternating job of 8 steps alone: that it runs. Target: step
 without ÷ balanced and ÷ neighbours within 15 % (0.85-1.15). Results: benchmarks/README.md,
 benchmarks/results/findings-workloads-results.json.
 """
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 # fsdp2 and pipeline are common.py's workloads (profile_cost.py trains them too), found here by name
-from common import alternating_ratios, fsdp2, job, parse, parser, pipeline, with_root  # noqa: F401
+from common import alternating_ratios, classifier_step, fsdp2, job, parse, parser, pipeline, with_root  # noqa: F401
 
 WORKLOADS = ("ddp", "fsdp2", "pipeline")
 QUICK = {"workloads": "ddp", "rounds": 1, "steps": 8}
@@ -58,14 +58,7 @@ def ddp(_, device):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(128, 512, generator=g), torch.randint(0, 10, (128,), generator=g)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step, lambda: None
+    return classifier_step(model, opt, x, y), lambda: None
 
 
 def script(workload: str, steps: int, delay_ms: float, every: int) -> None:
@@ -106,8 +99,8 @@ def above_step(doc: dict) -> int:
 
 
 def compare(tmp: Path, workload: str, args: argparse.Namespace) -> dict:
-    """The workload's balanced and delayed jobs interleaved, then (not --quick) its alternating job: its row."""
-    kinds = ("delayed",) if args.quick else ("balanced", "delayed")  # --quick: that it runs, one job
+    """The workload's balanced and delayed jobs interleaved (not --quick), then its alternating job: its row."""
+    kinds = () if args.quick else ("balanced", "delayed")  # --quick: that it runs, the alternating job alone
     runs: dict[str, list[dict]] = {kind: [] for kind in ("balanced", "delayed")}
     for r in range(args.rounds):
         for kind in kinds if r % 2 == 0 else kinds[::-1]:
@@ -124,14 +117,13 @@ def compare(tmp: Path, workload: str, args: argparse.Namespace) -> dict:
            "contended": [(d["env"].get("contention") or {}).get("contended")
                          for d in runs["balanced"] + runs["delayed"]]}
     row["without_over_balanced"] = row["rank0_own_balanced_over_delayed"] = None
-    if args.quick:
-        return row
-    row["without_over_balanced"] = (statistics.median(row["without_ms"]) / statistics.median(row["balanced_step_ms"])
-                                    if named else None)
-    # the replay keeps each rank's own time as the delayed job measured it; the balanced job's may differ (ranks
-    # computing at once on shared cores, where the delayed ones take turns): rank 0's, balanced over delayed
-    own = {k: statistics.median(d["findings"]["by_rank"][0]["busy_ms"] for d in runs[k]) for k in runs}
-    row["rank0_own_balanced_over_delayed"] = own["balanced"] / own["delayed"]
+    if not args.quick:
+        row["without_over_balanced"] = (statistics.median(row["without_ms"]) /
+                                        statistics.median(row["balanced_step_ms"]) if named else None)
+        # the replay keeps each rank's own time as the delayed job measured it; the balanced job's may differ
+        # (ranks computing at once on shared cores, where the delayed ones take turns): rank 0's, balanced ÷ delayed
+        own = {k: statistics.median(d["findings"]["by_rank"][0]["busy_ms"] for d in runs[k]) for k in runs}
+        row["rank0_own_balanced_over_delayed"] = own["balanced"] / own["delayed"]
     alternating = tmp / f"{workload}-alternating"
     doc = profiled(tmp, alternating.name, workload, args.steps, args.delay_ms, every=2)
     row["above_step"] += above_step(doc)
@@ -142,7 +134,7 @@ def compare(tmp: Path, workload: str, args: argparse.Namespace) -> dict:
 def show(row: dict) -> None:
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     costs = ", ".join(f"{c:.2f}" for c in row["cost_over_delay"]) or "-"
-    line = (f"{row['workload']}: rank {SLOW} named in {row['named']} of {row['rounds']} delayed jobs, "
+    line = (f"{row['workload']}: rank {SLOW} named in {row['named']} of {len(row['delayed_step_ms'])} delayed jobs, "
             f"cost ÷ D {costs}; "
             f"step without ÷ balanced {f(row['without_over_balanced'])} (balanced steps "
             f"{', '.join(f'{s:.1f}' for s in row['balanced_step_ms'])} ms)")

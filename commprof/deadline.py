@@ -21,7 +21,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 from commprof import job, streams
@@ -42,7 +41,8 @@ def guard(what: str, *, timeout_s: float, rank: int):
     previous = _exit_on_sigquit()
     child = subprocess.Popen(
         [sys.executable, "-c", "from commprof.deadline import _child; _child()", str(os.getpid()), str(limit),
-         str(rank), message], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+         str(rank), message], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True,
+        preexec_fn=die_with_parent)
     try:
         yield
     finally:
@@ -54,6 +54,14 @@ def guard(what: str, *, timeout_s: float, rank: int):
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.signal.restype = ctypes.c_void_p
 _LIBC.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child before it runs (Popen's preexec_fn): SIGKILL when its parent dies. A rank in a session of its
+    own (launch.py) and its guard are out of reach of a signal to the launcher's process group: neither
+    outlives the process that started it."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _exit_on_sigquit() -> tuple:
@@ -87,11 +95,12 @@ def _child() -> None:
         return
     _say(message, rank)
     os.kill(parent, signal.SIGQUIT if int(signal.SIGQUIT) == PeerError.exit_code else signal.SIGKILL)
-    time.sleep(1.0)
-    try:
-        os.kill(parent, signal.SIGKILL)  # it had not the handler yet
-    except OSError:
-        pass
+    ready, _, _ = select.select([sys.stdin], [], [], 1.0)  # its pipe closes as it dies
+    if not ready:
+        try:
+            os.kill(parent, signal.SIGKILL)  # it had not the handler yet
+        except OSError:
+            pass
 
 
 def _say(message: str, rank: int) -> None:

@@ -20,12 +20,11 @@ by default), the ranks of one session share one group's CPU, and on 2 cores PyTo
 1.5 % slower in 7 of 8 interleaved pairs so. The terminal then interrupts the launcher alone: it passes Ctrl-C
 on to the ranks (SIGINT, so rank 0 saves what it measured), SIGTERM and SIGHUP end them, and a rank the
 launcher leaves behind by dying (SIGKILL) is killed with it (PR_SET_PDEATHSIG). Exercised by:
-`pytest tests/test_failures.py tests/test_signals.py`.
+`pytest tests/test_failures.py tests/test_signals.py tests/test_sessions.py`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shlex
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from commprof import job
 from commprof.backends import YIELD_ENV, free_port, release_port
+from commprof.deadline import die_with_parent
 from commprof.errors import CommprofError, UsageError
 from commprof.world import usable_cores
 
@@ -53,13 +53,14 @@ def _on_term(signum, frame):
     raise _Terminated(signum)
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _own_session() -> None:
-    """In a rank's process before it runs (its session is already its own): SIGKILL when the launcher dies, so
-    no rank outlives a launcher killed outright, as none did when they shared its process group."""
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def take_signals() -> None:
+    """The launcher's handlers: SIGTERM and SIGHUP end the job, Ctrl-C interrupts it."""
+    signal.signal(signal.SIGTERM, _on_term)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's stays: the job outlives its terminal
+        signal.signal(signal.SIGHUP, _on_term)  # the terminal closed: the ranks, in sessions of their own, are not told
+    # Ctrl-C (SIGINT) ends the job even where the shell started commprof with SIGINT ignored (`cmd &` in
+    # a script does): the launcher owns the job's signals, as torchrun's agent does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, timeout_s: float,
@@ -67,11 +68,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code. `timeout_s`: how long a
     rank may stay stopped. `huge_pages` (--huge-pages) puts torch's large CPU buffers on huge pages; without
     it the ranks' allocator is the environment's, as the user's own job would have it."""
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGHUP, _on_term)  # the terminal closed: the ranks, in sessions of their own, are not told
-    # Ctrl-C (SIGINT) ends the job even where the shell started commprof with SIGINT ignored (`cmd &` in
-    # a script does): the launcher owns the job's signals, as torchrun's agent does.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_signals()
     env = dict(os.environ)
     # One rank per core gets one intra-op thread per core it owns, as torchrun does by default.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // nproc)))
@@ -128,7 +125,7 @@ def _start(wrapper: str, command: list[str], env: dict, nproc: int) -> list[subp
         argv = shlex.split(wrapper.replace("{rank}", str(r))) + command
         try:
             children.append(subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                             start_new_session=True, preexec_fn=_own_session))
+                                             start_new_session=True, preexec_fn=die_with_parent))
         except OSError as exc:
             for child in children:
                 child.kill()

@@ -30,9 +30,7 @@ LAUNCHER = """\
 import json, os, signal, sys
 from pathlib import Path
 from commprof import job, launch
-signal.signal(signal.SIGTERM, launch._on_term)
-signal.signal(signal.SIGHUP, launch._on_term)
-signal.signal(signal.SIGINT, signal.default_int_handler)
+launch.take_signals()
 tmp = Path(sys.argv[1])
 folder = job.make()
 children = launch._start("", [sys.executable, str(tmp / "rank.py"), str(tmp / "rank")], dict(os.environ), 2)
@@ -42,11 +40,12 @@ print(json.dumps({"code": code}), flush=True)
 """
 
 
-def _launcher(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
+def _launcher(tmp_path: Path, nohup: bool = False) -> tuple[subprocess.Popen, dict]:
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "launcher.py").write_text(LAUNCHER)
+    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None  # what nohup does
     proc = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=ignore)
     started = json.loads(proc.stdout.readline())
     deadline = time.monotonic() + 30
     while not all((tmp_path / f"rank{r}.started").exists() for r in range(2)):
@@ -90,6 +89,21 @@ def test_a_signal_to_the_launchers_group_alone_reaches_every_rank(tmp_path, sent
         out, _ = proc.communicate(timeout=30)
         assert json.loads(out.splitlines()[-1]) == {"code": code}
         assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == [heard, heard]
+    finally:
+        for pid in started["pids"]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_under_nohup_a_closed_terminal_leaves_the_job_running(tmp_path):
+    proc, started = _launcher(tmp_path, nohup=True)
+    try:
+        os.killpg(proc.pid, signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None and all(_alive(pid) for pid in started["pids"])
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert json.loads(out.splitlines()[-1]) == {"code": 143}
     finally:
         for pid in started["pids"]:
             if _alive(pid):

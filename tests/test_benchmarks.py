@@ -43,7 +43,7 @@ PROMISES: dict[str, list[tuple]] = {
                   ("run", "plain", "wait_per_step", "ratio")],
     "gloo_layers": [("torch_us",), ("arms", "comm", "minus_torch_us"), ("arms", "comm", "minus_torch_ci95_us")],
     "gloo_paired": [("results", 0, "commprof_paired"), ("results", 0, "per_rank", 0, "commprof_paired_ci95")],
-    "interception_cost": [("rows", 0, "ratio"), ("rows", 0, "ci95"), ("rows", 0, "pairs")],
+    "interception_cost": [("rows", 0, "ratio"), ("rows", 0, "ci95"), ("rows", 0, "pairs"), ("ops",), ("clock",)],
     "interpose_overhead": [(0, "extra_us"), (0, "turn_interposed_extra_ci_us"), (1, "extra_us")],
     "live_cost": [("rows", 0, "live_ms_per_step"), ("rows", 0, "live", "ratio"), ("rows", 0, "live", "ci95")],
     "nvtx_in_flight_overhead": [("rows", 0, "extra_us"), ("rows", 0, "extra_ci95_us"), ("rows", 1, "ratio"),

@@ -43,9 +43,11 @@ print(json.dumps({"code": code}), flush=True)
 def _launcher(tmp_path: Path, nohup: bool = False) -> tuple[subprocess.Popen, dict]:
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "launcher.py").write_text(LAUNCHER)
-    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None  # what nohup does
+    # SIGHUP ignored is what nohup does; otherwise its default, whatever this suite inherited (a suite run
+    # under nohup passes SIGHUP ignored to every process it starts, and the launcher rightly keeps it so)
+    hup = signal.SIG_IGN if nohup else signal.SIG_DFL
     proc = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=ignore)
+                            text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))
     started = json.loads(proc.stdout.readline())
     deadline = time.monotonic() + 30
     while not all((tmp_path / f"rank{r}.started").exists() for r in range(2)):

@@ -155,8 +155,8 @@ class Comm:
                 ANNOTATOR.pop()
         entry = (name, nbytes, self.world_size, start, end, False, self.label)
         self._append(entry)  # _log's body: a call less on every synchronous op
-        if annotate and ANNOTATOR.trace is not None:
-            ANNOTATOR.trace.op(entry, self)
+        if annotate and ANNOTATOR._trace is not None:  # the attribute: its property is a call more
+            ANNOTATOR._trace.op(entry, self)
         return None
 
     def failure(self, name: str, exc: BaseException) -> CommprofError:
@@ -195,8 +195,9 @@ class Comm:
         """Append one op log entry, fields in record/recorder.py's NAME … GROUP order: a plain tuple,
         the cheapest append and untracked by the garbage collector (see there)."""
         self._append(entry)
-        if ANNOTATOR.trace is not None:
-            ANNOTATOR.trace.op(entry, self)
+        trace = ANNOTATOR._trace
+        if trace is not None:
+            trace.op(entry, self)
 
     # ---- control plane: bookkeeping between ranks, neither timed nor counted ----------------
     def gather_object(self, obj, dst: int = 0) -> list | None:
@@ -253,6 +254,8 @@ class Comm:
         """Block until backend `work` (a torch Work or MPI Request) has completed."""
         raise NotImplementedError
 
-    def _watch_completion(self, work, done, name: str):
+    def _watch_completion(self, work, done, name: str) -> tuple:
         """Arrange for `done(perf_counter_ns())` to run when `work`, op `name`'s, completes, if the backend
-        can tell; returns what the op's waits wait on instead of `work` (comm/waiter.py), or None."""
+        can tell; returns (what the op's waits wait on instead of `work` (comm/waiter.py) or None, the backend's
+        future of `work` or None)."""
+        return None, None

@@ -63,8 +63,11 @@ class GlooComm(TorchComm):
         """The ProcessGroup to call (its gloo backend, where comm/seen.py stands in front of it), or None where
         torch's Python layer has work to do for this call (see the module docstring) or the default group is gone
         (torch's function then says so)."""
-        if self._coalescing or any(t.is_complex() or _has_torch_function_unary(t) for t in tensors):
+        if self._coalescing:
             return None
+        for t in tensors:  # a loop, not any() over a generator: two calls less on every op
+            if t.is_complex() or _has_torch_function_unary(t):
+                return None
         # looked up per call, never held: a Comm sits in a reference cycle with its op log, and a gloo group
         # that only the cyclic collector frees may be freed at interpreter exit, while gloo's threads still
         # run — the process then aborts ("terminate called without an active exception")
@@ -126,20 +129,20 @@ class GlooComm(TorchComm):
             return work
         work.wait()
 
-    def _send(self, tensor, dst, async_op):
-        pg = self._process_group(tensor)
-        if pg is None:
+    def _send(self, tensor, dst, async_op):  # _process_group inlined: a pipeline's many messages
+        pg = self._group if self._group is not None else _WORLD._default_pg
+        if pg is None or self._coalescing or tensor.is_complex() or _has_torch_function_unary(tensor):
             return super()._send(tensor, dst, async_op)
-        work = pg.send([tensor], dst, 0)
+        work = GLOO_BEHIND.get(id(pg), pg).send([tensor], dst, 0)
         if async_op:
             return work
         work.wait()
 
-    def _recv(self, tensor, src, async_op):
-        pg = self._process_group(tensor)
-        if pg is None:
+    def _recv(self, tensor, src, async_op):  # _process_group inlined: a pipeline's many messages
+        pg = self._group if self._group is not None else _WORLD._default_pg
+        if pg is None or self._coalescing or tensor.is_complex() or _has_torch_function_unary(tensor):
             return super()._recv(tensor, src, async_op)
-        work = pg.recv([tensor], src, 0)
+        work = GLOO_BEHIND.get(id(pg), pg).recv([tensor], src, 0)
         if async_op:
             return work
         work.wait()

@@ -32,7 +32,9 @@ class Handle:
         self._waiting = False
         self._waited = False
         done = self.complete_on_stream if comm.clock.kind == "cuda" else self._completed
-        self._work = comm._watch_completion(work, done, name) or work
+        wait_on, self.backend_future = comm._watch_completion(work, done, name)
+        """The backend's own future of the op (a torch Work's), until it is waited on; None where it has none."""
+        self._work = wait_on or work
 
     def _completed(self, end) -> None:
         """The backend's future fired (its own thread)."""
@@ -74,12 +76,7 @@ class Handle:
         """A future for callers that chain on the op (before wait()): on CPU it completes once the op is in
         the op log, on CUDA it is the backend's (complete_on_stream chains on it); None where the backend has
         none for this op (an MPI request, gloo's send and recv)."""
-        return self.logged(self.backend_future())
-
-    def backend_future(self):
-        """The backend's own future (torch works; before wait()), or None."""
-        future_of = getattr(self._comm, "future_of", None)
-        return future_of(self._work, self._name) if future_of is not None else None
+        return self.logged(self.backend_future)
 
     def logged(self, future):
         """`future` (the backend's, or None) chained so that on CPU it completes only after the op is logged.
@@ -114,11 +111,11 @@ class Handle:
             start = time.perf_counter_ns()
             comm._wait(self._work)
             end = time.perf_counter_ns()
-            if done is None and comm.clock.kind != "cuda":  # it completes at `end`, as logged below
-                self._land()
+            if done is None and self._flight is not None and comm.clock.kind != "cuda":  # it completes at `end`,
+                self._land()  # as logged below
             # The backend's work goes now, not with this handle: a torch Work kept past comm.close() keeps
             # gloo's context and its threads alive (see comm.end_process).
-            self._work, self._waited = None, True
+            self._work, self.backend_future, self._waited = None, None, True
         except CommprofError:
             raise
         except Exception as exc:  # the backend's words as one line naming the op, as for blocking ops
@@ -127,8 +124,8 @@ class Handle:
             comm.busy = None
             if annotate:
                 ANNOTATOR.pop()
-            if done is None and not self._waited:  # the wait failed: the op is over for this rank
-                self._land()
+            if done is None and not self._waited and self._flight is not None:  # the wait failed: the op is
+                self._land()  # over for this rank
         if comm.clock.kind == "cuda":
             comm.recorder.waits.append((self._name, start, end))
             if done is None:
@@ -138,5 +135,6 @@ class Handle:
             return
         if done is None:  # still in flight when the wait began: it completed when the wait returned
             self._end = done = end
-            self._log(end, True)
-        comm.recorder.waits.append((self._name, start, min(end, done)))
+            # self._log(end, True), inlined: a call less on every async op
+            comm._log((self._name, self._nbytes, comm.world_size, self._start, end, True, comm.label))
+        comm.recorder.waits.append((self._name, start, done if done < end else end))

@@ -120,33 +120,32 @@ class TorchComm(Comm):
         for w in work if isinstance(work, list) else (work,):
             w.wait()
 
-    def _watch_completion(self, work, done, name: str):
+    def _watch_completion(self, work, done, name: str) -> tuple:
         if isinstance(work, list):
-            return None  # completion is seen at wait()
+            return None, None  # completion is seen at wait()
+        future = None if name in self._futureless else self.future_of(work, name)
         if self.clock.kind == "cuda":
             # NCCL marks an op's future complete at issue, with its events; a callback chained on it runs at
             # once, on streams that wait on the op, and `done()` records the op's end there: when the op
             # finished on the device, not when the training stream next waits on it. gloo's future has no
             # CUDA streams (its callback runs on gloo's thread, on the default stream): it ends at wait().
-            future = self.future_of(work, name) if self.backend == "nccl" else None
-            if future is not None:
+            if future is not None and self.backend == "nccl":
                 future.then(lambda _: done())
-            return None
-        future = self.future_of(work, name)
+            return None, future
         if future is not None:
             future.add_done_callback(lambda _: done(time.perf_counter_ns()))
-            return None
+            return None, future
         if name in P2P:  # completion is seen at wait()
-            return None
+            return None, None
         if self._waiter is None:  # a collective without a future: a thread waits for it (comm/waiter.py)
             self._waiter = Waiter()
-        return self._waiter.watch(work, done)
+        return self._waiter.watch(work, done), None
 
     def future_of(self, work, name: str):
         """`work`'s future, or None where the backend gives op `name` none (gloo's send and recv). Known
         after the first ask: an ask that fails throws a C++ error with its backtrace, 8-15 µs, and a p2p op
         was asked twice (here and by interpose's Work) — 40 µs on an isend/irecv of 6 µs, a third of a
-        pipeline step (benchmarks/profile_cost.py)."""
+        pipeline step (benchmarks/profile_cost.py); Handle keeps the one it got."""
         if name in self._futureless or isinstance(work, list):
             return None
         try:

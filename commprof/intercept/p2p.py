@@ -63,10 +63,15 @@ class PointToPoint:
             return self._torch("batch_isend_irecv", [_original(op) for op in p2p_op_list])
         works = []
         for op in p2p_op_list:  # gloo and MPI match each op on its own: issued one by one, in order
+            comm, tensor = self.comm(op.group), op.tensor
             send = _ORIGINAL.get(op.op, op.op) is c10d.isend
-            call = self.isend if send else self.irecv
-            peer = {"group_dst" if send else "group_src": op.group_peer}
-            works.append(call(op.tensor, group=op.group, tag=op.tag, **peer))
+            if not tensor.is_contiguous():  # isend's and irecv's own path, inlined: a pipeline sends many
+                peer = {"group_dst" if send else "group_src": op.group_peer}
+                works.append(self._torch("isend" if send else "irecv", tensor, group=op.group, tag=op.tag, **peer))
+            elif send:
+                works.append(Work(comm.isend(tensor, dst=op.group_peer)))
+            else:
+                works.append(Work(comm.irecv(tensor, src=op.group_peer)))
         return works
 
 

@@ -19,7 +19,7 @@ class Work(c10d.Work):
     def __init__(self, handle, after=None) -> None:
         super().__init__()
         self._handle, self._after = handle, after
-        self._future = handle.backend_future()  # taken now: the handle lets its backend work go once waited on
+        self._future = handle.backend_future  # taken now: the handle lets its backend work go once waited on
 
     def wait(self, timeout=None) -> bool:
         self._handle.wait()

@@ -130,7 +130,7 @@ class Annotator:
     @trace.setter
     def trace(self, trace) -> None:
         self._trace = trace
-        self.active = trace is not None or self._kineto is not None or not isinstance(self.domain, DummyDomain)
+        self._sinks_changed()
 
     @property
     def kineto(self):
@@ -141,7 +141,17 @@ class Annotator:
     @kineto.setter
     def kineto(self, kineto) -> None:
         self._kineto = kineto
-        self.active = kineto is not None or self._trace is not None or not isinstance(self.domain, DummyDomain)
+        self._sinks_changed()
+
+    def _sinks_changed(self) -> None:
+        """Set `active`, and bind push and pop to the trace's own when it is the only place a range goes (every
+        op pushes two ranges, issue and wait, and a Python call costs about 1 µs right after a gloo op)."""
+        nvtx_on = not isinstance(self.domain, DummyDomain)
+        self.active = self._trace is not None or self._kineto is not None or nvtx_on
+        self.__dict__.pop("push", None)
+        self.__dict__.pop("pop", None)
+        if self._trace is not None and self._kineto is None and not nvtx_on:
+            self.push, self.pop = self._trace.enter, self._trace.exit
 
     def label(self, message: str, category: str, payload: int | None = None, *, cached: bool = True) -> Label:
         """The label of `message`, made once and kept for the next call; `cached=False` for a message used once

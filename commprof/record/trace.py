@@ -101,6 +101,15 @@ class TraceRecorder:
     def begin(self, label, t_ns: int) -> None:
         self._stack.append((label, t_ns, None if self.gpu is None else self.gpu.mark()))
 
+    def enter(self, label) -> None:
+        """begin() now: the Annotator's push while the trace is the only place ranges go."""
+        self._stack.append((label, time.perf_counter_ns(), None if self.gpu is None else self.gpu.mark()))
+
+    def exit(self) -> None:
+        """end() now, then the write it made due: the Annotator's pop while the trace is the only place ranges go."""
+        if self.end(time.perf_counter_ns()):
+            self.flush()
+
     def end(self, t_ns: int) -> bool:
         """Close the innermost range at `t_ns`; True when the buffer is due to be written, which the caller
         does with flush() once its NVTX range is popped (writing inside it would lengthen that range)."""

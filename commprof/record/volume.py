@@ -29,12 +29,20 @@ def split_key(key: str) -> tuple[str, str]:
 
 def step_volume(ops: list[tuple]) -> dict[str, dict[str, float]]:
     """Op log entries of one step -> {op key: {"calls", "payload_bytes", "wire_bytes"}}."""
+    sums: dict[tuple, list[int]] = {}  # (name, group, its size) -> [calls, payload]: a key and a factor per kind
+    for op in ops:                     # of op, not per op (it runs at every profiled step's end)
+        got = sums.get((op[NAME], op[GROUP], op[GROUP_SIZE]))
+        if got is None:
+            sums[op[NAME], op[GROUP], op[GROUP_SIZE]] = [1, op[NBYTES]]
+        else:
+            got[0] += 1
+            got[1] += op[NBYTES]
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "wire_bytes": 0.0})
-    for op in ops:
-        entry = out[op_key(op[NAME], op[GROUP])]
-        entry["calls"] += 1
-        entry["payload_bytes"] += op[NBYTES]
-        entry["wire_bytes"] += op[NBYTES] * wire_factor(op[NAME], op[GROUP_SIZE])
+    for (name, group, size), (calls, payload) in sums.items():
+        entry = out[op_key(name, group)]
+        entry["calls"] += calls
+        entry["payload_bytes"] += payload
+        entry["wire_bytes"] += payload * wire_factor(name, size)
     return dict(out)
 
 

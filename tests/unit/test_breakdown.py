@@ -2,6 +2,8 @@
 overlap, exposed comm and bubble, on the host and on the device; no op lost between the tracker's takes;
 the per-step volume, its wire factors and its prediction table."""
 
+import random
+
 import pytest
 
 from commprof.record import hooks
@@ -113,3 +115,22 @@ def test_volume_wire_factors_and_prediction_table():
     assert table["all_reduce"]["predicted_wire_bytes_per_step"] == 240
     assert table["reduce_scatter"]["payload_bytes_per_step"] == 0
     assert table["all_gather"]["predicted_payload_bytes_per_step"] == 0
+
+
+def test_interval_operations_match_a_unit_by_unit_count_on_random_intervals():
+    rng = random.Random(7)
+
+    def cover(spans):  # the integer units [t, t+1) the intervals cover
+        return {t for a, b in spans for t in range(a, b)}
+
+    def spans_of(units):
+        return union([(t, t + 1) for t in units])
+
+    for _ in range(300):
+        a = [(x, x + rng.randint(0, 12)) for x in (rng.randint(0, 80) for _ in range(rng.randint(0, 9)))]
+        b = [(x, x + rng.randint(0, 12)) for x in (rng.randint(0, 80) for _ in range(rng.randint(0, 9)))]
+        ua, ub = union(a), union(b)
+        assert ua == spans_of(cover(a)) and all(x1 < y0 for (_, x1), (y0, _) in zip(ua, ua[1:]))
+        assert length(ua) == len(cover(a))
+        assert intersect(ua, ub) == spans_of(cover(a) & cover(b))
+        assert subtract(ua, ub) == spans_of(cover(a) - cover(b))

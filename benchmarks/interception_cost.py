@@ -25,7 +25,9 @@ plain group, blocks alternate torch.distributed's names routed through Comm and 
   torch.distributed.pipelining sends each micro-batch's activations and gradients;
 - async: 3 async all_gathers of 4 KiB shards and a reduce_scatter, 20 small matmuls after each issue, then the
   waits, as FSDP2 prefetches its units;
-each as µs of wall and of the thread's CPU per iteration, on ÷ off.
+each as µs of wall and of the thread's CPU per iteration, on ÷ off. And the p2p round trip layer by layer, the
+arms in turn in each block: gloo's own calls on the group, through its Comm, with the Work around the Handle,
+through the interposed batch_isend_irecv, routed as a script calls it, torch's own (p2p_layers).
 
     python benchmarks/interception_cost.py [--quick] [--jobs 3] [--steps 160] [--block 5] [--clock wall|cpu]
                                            [--ops 40] [--reps 50]
@@ -175,9 +177,67 @@ def ops_script(blocks: int, reps: int) -> None:
                      for i, what in enumerate(("wall", "cpu")) for arm in ("on", "off")}
         out[name].update({f"{what}_ratios": [on[i] / off[i] for on, off in pairs]
                           for i, what in enumerate(("wall", "cpu"))})
+    out["p2p_layers"] = p2p_layers(group, peer, message, blocks, reps)
     if rank == 0:
         print(json.dumps({"ops": out}), flush=True)
     dist.destroy_process_group()
+
+
+def p2p_layers(group, peer: int, message, blocks: int, reps: int) -> dict:
+    """The p2p round trip's cost layer by layer, each arm in turn (the order reversed every other block):
+    gloo's own send, recv and wait called on the group (no Python layer); through its Comm (isend, irecv and
+    the Handle's wait); with the Work torch's callers get around the Handle; through the interposed
+    `batch_isend_irecv` of a P2POp built beforehand; routed as a script calls it (a P2POp built per message);
+    torch's own functions. -> {layer: {"wall_us", "cpu_us"}}: medians over blocks, per round trip."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from commprof.intercept import interpose
+    from commprof.intercept.work import Work
+
+    rank = dist.get_rank()
+    sends = (True, False) if rank == 0 else (False, True)
+    comm = interpose._ACTIVE.comm(group)
+    built = [[dist.P2POp(dist.isend if send else dist.irecv, message, peer, group)] for send in sends]
+
+    def backend() -> None:
+        for send in sends:
+            (group.send if send else group.recv)([message], peer, 0).wait()
+
+    def through_comm() -> None:
+        for send in sends:
+            (comm.isend(message, dst=peer) if send else comm.irecv(message, src=peer)).wait()
+
+    def with_work() -> None:
+        for send in sends:
+            Work(comm.isend(message, dst=peer) if send else comm.irecv(message, src=peer)).wait()
+
+    def batched() -> None:
+        for ops in built:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    def routed() -> None:
+        for send in sends:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, message, peer, group)]):
+                work.wait()
+
+    arms = {"backend": backend, "comm": through_comm, "comm_work": with_work, "batch_isend_irecv": batched,
+            "routed": routed, "own": routed}
+    got: dict = {name: [] for name in arms}
+    for b in range(blocks):
+        for name in list(arms) if b % 2 == 0 else list(arms)[::-1]:
+            (interpose._hide if name == "own" else interpose._show)()
+            arms[name]()  # after the switch
+            wall, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(reps):
+                arms[name]()
+            got[name].append(((time.perf_counter() - wall) / reps * 1e6, (time.thread_time() - cpu) / reps * 1e6))
+    interpose._show()
+    return {name: {"wall_us": statistics.median(x[0] for x in v), "cpu_us": statistics.median(x[1] for x in v)}
+            for name, v in got.items()}
 
 
 def run(argv: list[str], what: str, prefix: str) -> dict:
@@ -225,6 +285,7 @@ def main() -> None:
     ops = {}
     if not args.quick:  # --quick: the step's job alone
         ops = run(["--ops-script", "--ops", str(args.ops), "--reps", str(args.reps)], "ops", '{"ops"')["ops"]
+        layers = ops.pop("p2p_layers")
         for name, row in ops.items():
             for what in ("wall", "cpu"):
                 row[f"{what}_ratio"], row[f"{what}_ci95"] = statistics.median(row[f"{what}_ratios"]), \
@@ -232,6 +293,10 @@ def main() -> None:
                 print(f"{name}: {what} {row[f'{what}_on_us']:.1f} µs an iteration routed, {row[f'{what}_off_us']:.1f} "
                       f"torch's own: on ÷ off {row[f'{what}_ratio']:.3f} ({row[f'{what}_ci95'][0]:.3f} … "
                       f"{row[f'{what}_ci95'][1]:.3f})", flush=True)
+        for name, row in layers.items():
+            print(f"p2p round trip, {name}: {row['wall_us']:.1f} µs wall, {row['cpu_us']:.1f} µs thread CPU "
+                  f"({row['cpu_us'] - layers['backend']['cpu_us']:+.1f} over gloo's own calls)", flush=True)
+        ops["p2p_layers"] = layers
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "ops": ops, "jobs": args.jobs, "steps": args.steps,
                                                "block": args.block, "clock": args.clock}, indent=1) + "\n")

@@ -56,6 +56,10 @@ class Live:
         self.held = Held()
         self.pending: dict[int, dict[int, dict]] = {}
         """rank 0: window index -> {rank: window} posted so far."""
+        self.laps: dict[int, dict | None] = {}
+        """rank 0: window index -> its host's contention over that window's own span, read as rank 0's window
+        closed (the windows are combined later, when every rank's is there: a reading taken then would cover
+        another span, the more so the later a rank posts)."""
         self.last: dict | None = None
         """rank 0: the last combined window."""
         self.closed = False
@@ -105,6 +109,8 @@ class Live:
                 self._collect(within_s=item[1])
                 return
             if item is not None:
+                if self.contention is not None:
+                    self.laps[item["window"]] = self.contention.lap()
                 self.pending.setdefault(item["window"], {})[0] = item
             self._collect()
             self.thread_s = time.thread_time()
@@ -131,7 +137,7 @@ class Live:
                 time.sleep(0.05)
 
     def _export(self, job: dict) -> None:
-        reading = self.contention.lap() if self.contention is not None else None
+        reading = self.laps.pop(job["window"], None)
         if reading is not None:
             job["contention"] = reading
             if reading["contended"]:  # another process's load can make a rank look slow: the reader is told

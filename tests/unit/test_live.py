@@ -201,3 +201,45 @@ def test_two_sizes_of_ops_fit_no_line_and_name_no_latency_bound():
     folds = [Fold(rank=r, host="h", window=5) for r in range(2)]
     windows = [[f.add(*_iteration(i, 9.0, 3.0, ops=two)) for i in range(5)][-1] for f in folds]
     assert not [f for f in combine(windows)["findings"] if f["kind"] == "latency_bound"]
+
+
+def test_each_window_gets_the_contention_of_its_own_span_however_late_the_others_post(tmp_path):
+    """Rank 0 combines a window once every rank's is there, which may be windows later: the host's contention a
+    window reports is read as rank 0's window closes, not when it is combined (a reading taken then covered
+    another span, and a window a busy host slowed could read as quiet)."""
+    import time
+
+    from commprof.live.config import LiveConfig
+    from commprof.live.monitor import Live
+
+    phase = {"now": "rank 1 behind"}
+
+    class Contention:
+        def lap(self):
+            return {"host": "h", "seconds": 0.1, "others_cores": 0.0, "steal_cores": 0.0, "contended": False,
+                    "read": phase["now"]}
+
+    later: dict = {}  # rank 1's windows, once it has posted them
+
+    class Control:
+        gone = False
+
+        def windows(self, index, ranks):
+            return {1: later.pop(index)} if index in later else {}
+
+    log = tmp_path / "live.jsonl"
+    live = Live(LiveConfig(window=5, address=None, log=str(log)), rank=0, world_size=2, control=Control(),
+                contention=Contention())
+    rank1 = _windows([10.0, 10.0], [0.5, 0.5], steps=5)[1]
+    for step in range(10):
+        live.add(*_iteration(step, 10.5, 0.5))
+    deadline = time.monotonic() + 10
+    while len(live.pending) < 2 and time.monotonic() < deadline:  # both of rank 0's windows taken in
+        time.sleep(0.01)
+    assert len(live.pending) == 2
+    phase["now"] = "rank 1 posted"
+    later.update({0: {**rank1, "window": 0}, 1: {**rank1, "window": 1}})
+    live.close("complete")
+    windows = [json.loads(line) for line in log.read_text().splitlines() if '"end"' not in line]
+    assert [w["window"] for w in windows] == [0, 1]
+    assert [w["contention"]["read"] for w in windows] == ["rank 1 behind"] * 2

@@ -15,7 +15,11 @@ Why backward stops short of its return: DistributedDataParallel's reducer waits 
 in a callback autograd runs after the last node, from C++ where no Comm wait is seen. A callback queued when
 backward starts runs before the reducer's, so it marks where computing ended; from there to backward's
 return the training thread was blocked on comm, and that span (clipped to the last op still in flight) is
-recorded as a wait — exposed time, as a Handle's wait would be.
+recorded as a wait — exposed time, as a Handle's wait would be. Only a process that has built such a reducer
+(`torch.distributed.Reducer`: DDP's, `replicate`'s) marks its backwards: the mark costs ~25 µs a backward
+(a hook on the graph's root and a queued callback), and a pipeline runs a backward per micro-batch with no
+C++ wait after any (a GPipe step of 8 spent 2 % of it marking). Elsewhere backward ends at its return, and
+whatever Python callbacks autograd runs at its end (FSDP's, which wait through Comm) are part of it.
 
 A script may mark its own: `commprof.step()` ends an iteration (optimizer hooks then end none), and
 `with commprof.phase("forward"):` records that phase (automatic phases then stop, for the rest of the run).
@@ -29,6 +33,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch.compiler import is_compiling
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim
@@ -81,6 +86,8 @@ class Tracker:
         self._modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._measuring = False
         """The range around the measured iterations is pushed."""
+        self.reducer = False
+        """A C++ reducer (DDP's) was built in this process: backwards mark their last node (see above)."""
         self._ended_ns: int | None = None
         """When the last measured iteration ended (perf_counter_ns, the trace's clock)."""
 
@@ -236,9 +243,12 @@ class Tracker:
         self._backward += 1
         computed = None
         try:
-            run = lambda: original(tensors, *args, **kwargs)  # noqa: E731
-            computed = (split_backward(self.recorder, tensors, run) if not self.phases.cuda
-                        else stream_backward(self.phases.now, tensors, run))
+            if not self.reducer:  # nothing waits in C++ after the last node: backward ends at its return
+                original(tensors, *args, **kwargs)
+            else:
+                run = lambda: original(tensors, *args, **kwargs)  # noqa: E731
+                computed = (split_backward(self.recorder, tensors, run) if not self.phases.cuda
+                            else stream_backward(self.phases.now, tensors, run))
         finally:
             self._backward -= 1
             if not self.explicit and self._stack:
@@ -303,6 +313,8 @@ def _marking_last_node(tensors, run, stamp):
 
 ACTIVE: Tracker | None = None
 """The tracker of the script being profiled in this process; None when none is."""
+_SAVED: dict = {}
+"""torch's own of what install() replaced besides backward: the Reducer DDP builds."""
 
 
 def install(recorder, warmup: int) -> Tracker:
@@ -318,6 +330,15 @@ def install(recorder, warmup: int) -> Tracker:
     backward.__wrapped__ = original
     backward.__doc__ = original.__doc__
     torch.autograd.backward = backward
+    if dist.is_available():
+        _SAVED["reducer"] = built = dist.Reducer
+
+        class Reducer(built):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                tracker.reducer = True
+
+        dist.Reducer = Reducer
     return tracker
 
 
@@ -327,6 +348,8 @@ def uninstall() -> None:
         ACTIVE.finish()
     backward = torch.autograd.backward
     torch.autograd.backward = getattr(backward, "__wrapped__", backward)
+    if "reducer" in _SAVED:
+        dist.Reducer = _SAVED.pop("reducer")
     ACTIVE = None
 
 

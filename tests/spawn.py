@@ -43,15 +43,16 @@ def env_for_tests(**extra: str) -> dict:
     return {**env, SESSION_ENV: session_id(), **extra}
 
 
-def _run(commands: list[tuple[list[str], dict]], timeout: float) -> subprocess.CompletedProcess:
-    """Run processes side by side, each in its own session, output to files (no pipe can fill up)."""
+def _run(commands: list[tuple[list[str], dict]], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run processes side by side (in `cwd`, else here), each in its own session, output to files (no pipe can
+    fill up)."""
     with tempfile.TemporaryDirectory(prefix="commprof-test-") as tmp:
         procs, files = [], []
         for i, (command, env) in enumerate(commands):
             out, err = open(Path(tmp) / f"{i}.out", "w+"), open(Path(tmp) / f"{i}.err", "w+")
             files.append((out, err))
             procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                          start_new_session=True))
+                                          start_new_session=True, cwd=cwd))
         deadline = time.monotonic() + timeout
         first_failure = None
         while any(p.poll() is None for p in procs):
@@ -113,9 +114,11 @@ def python_c(script: str, *, timeout: float) -> tuple[subprocess.CompletedProces
     return proc, time.monotonic() - start
 
 
-def commprof(*args: str, env: dict | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run the commprof CLI as a user would (its own launcher does the rest)."""
-    return _run([([sys.executable, "-m", "commprof", *args], env_for_tests() if env is None else env)], timeout)
+def commprof(*args: str, env: dict | None = None, timeout: float = TIMEOUT_S,
+             cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run the commprof CLI as a user would (its own launcher does the rest), in `cwd` (else here)."""
+    return _run([([sys.executable, "-m", "commprof", *args], env_for_tests() if env is None else env)], timeout,
+                cwd)
 
 
 def processes(marker: str, value: str) -> dict[int, dict[str, str]]:

@@ -5,14 +5,16 @@ as the same script run without commprof."""
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from invariants import check_run
-from spawn import commprof, spawn
+from spawn import commprof, env_for_tests, spawn
 
+from commprof.backends import free_port
 from commprof.intercept import seen
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -170,6 +172,32 @@ def test_a_missing_script_and_one_without_a_process_group_get_one_line(tmp_path)
     assert proc.stdout.count("no process group here") == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "never initialised a torch.distributed process group" in lines[0]
+
+
+def test_the_script_imports_what_python_would_give_it(tmp_path):
+    # `python script.py` puts the script's directory first and not the directory it runs in; `python -m
+    # commprof` puts the latter first, where it shadowed PYTHONPATH and the installed packages
+    here, lib, code = tmp_path / "here", tmp_path / "lib", tmp_path / "code"
+    for folder, where in ((here, "the directory it ran in"), (lib, "PYTHONPATH"), (code, None)):
+        folder.mkdir()
+        if where is not None:
+            (folder / "shadowed.py").write_text(f"WHERE = {where!r}\n")
+    (code / "sibling.py").write_text("WHERE = 'beside the script'\n")
+    script = code / "script.py"
+    script.write_text("import os, shadowed, sibling, torch.distributed as dist\n"
+                      "dist.init_process_group()\n"
+                      "os.write(1, f'{dist.get_rank()}: {shadowed.WHERE}, {sibling.WHERE}\\n'.encode())\n"
+                      "dist.destroy_process_group()\n")
+    env = env_for_tests(PYTHONPATH=str(lib))
+    alone = subprocess.run([sys.executable, str(script)], env={**env, "RANK": "0", "WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}, cwd=here,
+                           capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert alone.stdout == "0: PYTHONPATH, beside the script\n"
+    proc = commprof("profile", "--nproc", "2", str(script), env=env, cwd=str(here))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(line for line in proc.stdout.splitlines() if re.match(r"\d: ", line)) == \
+        [f"{r}: PYTHONPATH, beside the script" for r in range(2)]
 
 
 FUNCTIONAL = """\

@@ -156,6 +156,11 @@ class Session:
     def run(self) -> int:
         script = self.cfg.script
         sys.argv = [script, *self.cfg.script_args]
+        # the import path `python script.py` gives: the script's directory first, and the directory the rank
+        # started in (`python -m commprof` puts it first) behind PYTHONPATH and the installed packages — kept
+        # last, not dropped, for commprof's own imports from a source checkout
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            sys.path.append(sys.path.pop(0))
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         interrupt = ending.Interrupt()
         try:

@@ -6,7 +6,7 @@ group, tables, JSON, Chrome trace and NVTX.
     commprof profile --nproc 4 --json out.json --trace tr -- train.py
     torchrun --nproc-per-node 2 -m commprof profile -- train.py      (or mpiexec -n 2, srun)
 
-The script runs as `python train.py` would (its own arguments, output and exit code; `__main__`), and
+The script runs as `python train.py` would (its own arguments, output, exit code and import path; `__main__`), and
 initialises its process group itself (`init_process_group()` with env:// works under every launcher:
 commprof fills in the rendezvous). What is seen and what is not: commprof/intercept/interpose.py and
 commprof/intercept/ddp_reducer.py; how iterations and phases are found: commprof/record/hooks.py.

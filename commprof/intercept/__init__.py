@@ -18,6 +18,7 @@ torch.distributed's names         the Python call: its async Work, its name, for
                                   as one op (coalesced, object collectives' pieces)           interposer.py,
                                                                                               work.py
 module/optimizer/autograd hooks   iterations and phases (not comm)                            record/hooks.py
+and the Reducer class DDP builds  whether a C++ reducer waits after backward's last node
 dynamo's compile callbacks        torch's own names while torch.compile traces: a traced call compiling.py
                                   becomes torch's functional collective, counted as it runs
 

@@ -5,7 +5,9 @@ host's work in no phase. A findings block made from the trace (findings/kinds.py
                 fraction f = (p − 1)/(m + p − 1) of p stages and m micro-batches: with the stages' work
                 (schedule − bubble) split evenly, the longest schedule would be mean work / (1 − f); the
                 excess over that is its cost (unequal stages, or point-to-point latency). Without it: the
-                step less that excess.
+                step less that excess. The evidence splits it: `unequal_stages_ms`, what GPipe's and 1F1B's
+                step, (m − 1)·t_max + Σ t of per-micro-batch work t, loses to the slowest stage against the
+                mean, (m − 1)/m · (work_max − mean work) — and `other_ms`, the rest (p2p latency, wake-ups).
   host          time every rank's training thread spent in no phase and no wait (the `other` column: a batch
                 fetched outside a data phase, gradient clipping, logging, a checkpoint): ms_per_step is the
                 least of the ranks' medians — what every rank spends, and so what the step holds at least;
@@ -28,8 +30,7 @@ def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOL
     f = pipeline["predicted_bubble_fraction"]
     stages = pipeline["per_stage"]
     work = [s["schedule_ms"] - s["bubble_ms"] for s in stages]
-    longest = max(s["schedule_ms"] for s in stages)
-    cost = max(0.0, longest - sum(work) / len(work) / (1 - f))
+    cost, unequal = excess(pipeline)
     if cost < threshold * step_ms:
         return []
     idle = max(stages, key=lambda s: s["bubble_fraction"])
@@ -38,7 +39,17 @@ def bubble(pipeline: dict | None, step_ms: float, *, threshold: float = THRESHOL
              "evidence": {"stages": pipeline["stages"], "micro_batches": pipeline["micro_batches"],
                           "schedule": pipeline["schedule"], "predicted_fraction": f,
                           "fraction_by_stage": {s["stage"]: s["bubble_fraction"] for s in stages},
-                          "work_ms_by_stage": {s["stage"]: w for s, w in zip(stages, work)}}}]
+                          "work_ms_by_stage": {s["stage"]: w for s, w in zip(stages, work)},
+                          "unequal_stages_ms": unequal, "other_ms": max(0.0, cost - unequal)}}]
+
+
+def excess(pipeline: dict) -> tuple[float, float]:
+    """(ms a step the pipeline idles beyond its schedule's own bubble, the part of it unequal stages make)."""
+    f, m = pipeline["predicted_bubble_fraction"], pipeline["micro_batches"]
+    work = [s["schedule_ms"] - s["bubble_ms"] for s in pipeline["per_stage"]]
+    mean = sum(work) / len(work)
+    cost = max(0.0, max(s["schedule_ms"] for s in pipeline["per_stage"]) - mean / (1 - f))
+    return cost, min(cost, (m - 1) / m * (max(work) - mean))
 
 
 def host(summary: dict, step_ms: float, *, threshold: float = THRESHOLD) -> list[dict]:

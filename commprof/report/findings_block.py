@@ -86,7 +86,9 @@ def _what(f: dict) -> str:
         work = " / ".join(f"{w:.1f}" for _, w in sorted(e["work_ms_by_stage"].items(), key=_rank))
         return (f"{e['schedule']} idles {idle} of its schedule against the {e['predicted_fraction'] * 100:.0f} % "
                 f"that {e['stages']} stages × {e['micro_batches']} micro-batches need; stage work {work} ms: "
-                f"{ms:.1f} ms/step beyond the schedule's own bubble ({share:.0f} % of the step)")
+                f"{ms:.1f} ms/step beyond the schedule's own bubble ({share:.0f} % of the step"
+                + (f"; {e['unequal_stages_ms']:.1f} of it from unequal stages, the rest p2p latency and wake-ups)"
+                   if "unequal_stages_ms" in e else ")"))
     if f["kind"] == "host":
         by = ", ".join(f"rank {r} {v:.1f} ms" for r, v in sorted(e["other_ms_by_rank"].items(), key=_rank))
         return (f"every rank's training thread spends {ms:.1f} ms/step or more in no phase and no wait ({share:.0f} % "

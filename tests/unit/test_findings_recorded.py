@@ -190,6 +190,27 @@ def test_host_work_every_rank_does_is_a_finding_and_one_ranks_alone_is_not():
     assert [f["kind"] for f in with_figures(traced, {"summary": summary(21.0, 20.0)})["items"]] == ["straggler", "host"]
 
 
+def test_a_bubble_beyond_the_schedules_tells_unequal_stages_from_latency():
+    # GPipe, 2 stages, 4 micro-batches (the schedule's bubble 1/5); per-micro-batch work t of each stage
+    from commprof.findings.figures import bubble, excess
+    from commprof.report.findings_block import findings_text
+
+    def block(schedule_ms, work_ms):
+        return {"schedule": "pipeline-gpipe", "stages": 2, "micro_batches": 4, "predicted_bubble_fraction": 0.2,
+                "per_stage": [{"stage": s, "rank": s, "schedule_ms": schedule_ms, "bubble_ms": schedule_ms - w,
+                               "bubble_fraction": 1 - w / schedule_ms} for s, w in enumerate(work_ms)]}
+
+    # t = 60 and 120 ms: the step (m − 1)·120 + 180 = 540 against 5 slots of the mean 90 = 450
+    (f,) = bubble(block(540.0, [240.0, 480.0]), 540.0)
+    assert (f["stage"], f["ms_per_step"], f["step_ms_without"]) == (0, 90.0, 450.0)
+    assert (f["evidence"]["unequal_stages_ms"], f["evidence"]["other_ms"]) == (90.0, 0.0)
+    assert "90.0 of it from unequal stages" in findings_text({"threshold": 0.03, "items": [f]}).plain
+    # equal stages whose hand-overs wait 20 ms a step beyond the schedule: latency, none of it unequal stages
+    (f,) = bubble(block(320.0, [240.0, 240.0]), 320.0)
+    assert (f["ms_per_step"], f["evidence"]["unequal_stages_ms"], f["evidence"]["other_ms"]) == (20.0, 0.0, 20.0)
+    assert excess(block(300.0, [240.0, 240.0])) == (0.0, 0.0) and bubble(block(300.0, [240.0, 240.0]), 300.0) == []
+
+
 def test_findings_of_a_contended_host_say_so(recorded):
     # on a busy machine stragglers were named with no cause: the reader is told the machine was shared
     from commprof.findings.figures import with_figures

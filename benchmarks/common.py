@@ -125,17 +125,18 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def run_all(commands: list[tuple[list[str], dict | None]], *, timeout_s: float, what: str,
-            labels: list[str] | None = None) -> list[str]:
-    """Run the commands side by side, each (argv, env), and return each one's stdout. When one fails or the
-    deadline passes, the others are stopped and this process exits with one line: `what`, the failed
-    command's label (default: its program's name), its exit status and the gist of its stderr. Output goes
-    to files, so no pipe can fill up and stall a rank."""
+            labels: list[str] | None = None, cwd: str | None = None) -> list[str]:
+    """Run the commands side by side, each (argv, env), in `cwd` (default: here), and return each one's stdout.
+    When one fails or the deadline passes, the others are stopped and this process exits with one line: `what`,
+    the failed command's label (default: its program's name), its exit status and the gist of its stderr.
+    Output goes to files, so no pipe can fill up and stall a rank."""
     with tempfile.TemporaryDirectory(prefix="commprof-bench-") as tmp:
         procs, late = [], None
         try:
             for i, (argv, env) in enumerate(commands):
                 with open(Path(tmp) / f"{i}.out", "w") as out, open(Path(tmp) / f"{i}.err", "w") as err:
-                    procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
+                    procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                                  cwd=cwd))
             failed = wait_all(procs, timeout_s)
         except TimeoutError as exc:
             failed, late = None, exc
@@ -160,9 +161,9 @@ def gist(stderr: str) -> str:
     return (errors or lines or ["(nothing on stderr)"])[-1]
 
 
-def job(argv: list[str], *, env: dict | None = None, timeout_s: float, what: str) -> str:
+def job(argv: list[str], *, env: dict | None = None, timeout_s: float, what: str, cwd: str | None = None) -> str:
     """One command (a launcher, an mpiexec) under a deadline; its stdout. See run_all."""
-    return run_all([(argv, env)], timeout_s=timeout_s, what=what)[0]
+    return run_all([(argv, env)], timeout_s=timeout_s, what=what, cwd=cwd)[0]
 
 
 def ranks(argv: list[str], nproc: int = NPROC, *, env: dict | None = None, timeout_s: float,
@@ -188,10 +189,12 @@ def spawn_ranks(script: str, argv: list[str], tmp: str, nproc: int = NPROC, time
     return out
 
 
-def with_root(env: dict | None = None) -> dict:
-    """The environment with this checkout first on PYTHONPATH, for processes that import commprof."""
+def with_root(env: dict | None = None, root: Path | str = ROOT) -> dict:
+    """The environment with this checkout (or the one at `root`) first on PYTHONPATH, for processes that import
+    commprof. Started from inside a checkout, `python -m commprof` imports that one's instead (python puts the
+    folder it starts in first): a process of another checkout's starts from a folder outside both."""
     env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(root), env.get("PYTHONPATH"))))
     return env
 
 

@@ -28,7 +28,13 @@ the warm-up; the ratio is arm/plain per round, and its median over rounds is the
 
     python benchmarks/profile_cost.py [--quick] [--workloads ddp,fsdp2,pipeline,tp,small] [--rounds 5]
                                       [--steps 30] [--warmup 5] [--device cpu|cuda] [--backend gloo|nccl]
-                                      [--json PATH]
+                                      [--against CHECKOUT] [--json PATH]
+
+--against CHECKOUT adds a fourth arm, `commprof profile` of another checkout (e.g. `git worktree add
+/tmp/before <commit>`): what a change to commprof costs each workload, measured in the same rounds as the
+rest. Its jobs start from a folder outside every checkout, with CHECKOUT first on PYTHONPATH, so that its
+commprof is the one imported; the workloads are this script's. With four arms a round takes them in a row
+of a Williams square: every 4 rounds each arm has taken each place once and followed each other arm once.
 
 --quick: every workload profiled, one after another in one job of 4 steps each after 1 of warm-up, ddp on
 a small CNN: to see that each runs under `commprof profile` (no plain arm, so no ratio).
@@ -42,12 +48,14 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # the workloads ddp, fsdp2, fsdp2_units and pipeline are common.py's (live_cost.py and interception_cost.py train
 # them too), found here by name
-from common import ddp, fsdp2, fsdp2_units, job, median_ci, parse, parser, pipeline, ranks, with_root  # noqa: F401
+from common import ROOT, ddp, fsdp2, fsdp2_units, job, median_ci, parse, parser, pipeline, ranks, with_root  # noqa: F401
 
 TARGET = 1.02
 WORKLOADS = ("ddp", "fsdp2", "fsdp2_units", "pipeline", "tp", "small")
@@ -55,6 +63,7 @@ QUICK = {"rounds": 1, "steps": 4, "warmup": 1, "model": "small"}
 """--quick: every workload in one profiled job (ranks start once: it is their start-up that costs), 4 steps
 each after 1 of warm-up."""
 ARMS = ("plain", "plain again", "profiled")
+AGAINST = "profiled by --against"
 ORDERS = list(itertools.permutations(ARMS))
 """Round r runs the arms in ORDERS[r % 6]: every 6 rounds each arm has taken each place twice. Alternating
 one order with its reverse kept "plain again" in the middle of every round, and on this VM the place in a
@@ -142,37 +151,54 @@ def nproc(device: str, backend: str) -> int:
 
 
 def run(arm: str, workloads: list[str], steps: int, warmup: int, model: str, device: str = "cpu",
-        backend: str = "gloo", timeout_s: float = RUN_TIMEOUT_S) -> dict[str, float]:
+        backend: str = "gloo", timeout_s: float = RUN_TIMEOUT_S, against: str | None = None) -> dict[str, float]:
     """One job of `arm` running each workload in turn: workload -> its median step (ms)."""
-    env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
+    env = with_root({**os.environ, "OMP_NUM_THREADS": "1"}, root=against if arm == AGAINST else ROOT)
     env.pop("THP_MEM_ALLOC_ENABLE", None)  # the same allocator in every arm
     args = [__file__, "--script", ",".join(workloads), "--steps", str(steps), "--warmup", str(warmup), "--model", model,
             "--device", device, "--backend", backend]
     what = f"profile_cost: {', '.join(workloads)}, {arm}"
     n = nproc(device, backend)
-    if arm == "profiled":
-        outs = [job([sys.executable, "-m", "commprof", "profile", "--backend", backend, "--nproc", str(n), "--", *args],
-                    env=env, timeout_s=timeout_s, what=what)]
+    if arm in ("profiled", AGAINST):
+        with tempfile.TemporaryDirectory(prefix="profile-cost-") as outside:
+            outs = [job([sys.executable, "-m", "commprof", "profile", "--backend", backend, "--nproc", str(n), "--",
+                         *args], env=env, timeout_s=timeout_s, what=what, cwd=outside if arm == AGAINST else None)]
     else:
         outs = ranks([sys.executable, *args], n, env=env, timeout_s=timeout_s, what=what)
     got = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith('{"workload"')]
     return {x["workload"]: x["step_ms"] for x in got}
 
 
+def williams(n: int) -> list[list[int]]:
+    """A Williams square of even n: n orders of range(n) in which each takes each place once and follows each
+    other once (0, 1, n − 1, 2, n − 2, … then that row shifted by 1, 2, …)."""
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    return [[(x + r) % n for x in first] for r in range(n)]
+
+
 def compare(workload: str, args: argparse.Namespace) -> dict:
     """The workload's arms, interleaved over --rounds, one job each: its row, printed as a line too."""
+    arms = ARMS + ((AGAINST,) if args.against else ())
+    orders = ORDERS if len(arms) == 3 else [[arms[i] for i in row] for row in williams(len(arms))]
     rounds = []
     for r in range(args.rounds):
-        got = {arm: run(arm, [workload], args.steps, args.warmup, args.model, args.device, args.backend)[workload]
-               for arm in ORDERS[r % 6]}
-        rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in ARMS[1:]}})
+        got = {arm: run(arm, [workload], args.steps, args.warmup, args.model, args.device, args.backend,
+                        against=args.against)[workload] for arm in orders[r % len(orders)]}
+        rounds.append({"ms": got, "ratio": {arm: got[arm] / got["plain"] for arm in arms[1:]}})
     row = {"workload": workload, "rounds": rounds,
-           "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in ARMS},
-           "ratio": {arm: statistics.median(x["ratio"][arm] for x in rounds) for arm in ARMS[1:]},
-           "ratio_ci95": {arm: median_ci([x["ratio"][arm] for x in rounds]) for arm in ARMS[1:]}}
-    aa, prof = (f"{row['ratio'][a]:.3f} ({row['ratio_ci95'][a][0]:.3f} … {row['ratio_ci95'][a][1]:.3f})"
-                for a in ARMS[1:])
-    print(f"{workload}: plain {row['ms']['plain']:.1f} ms; profiled/plain {prof}; A/A {aa}", flush=True)
+           "ms": {arm: statistics.median(x["ms"][arm] for x in rounds) for arm in arms},
+           "ratio": {arm: statistics.median(x["ratio"][arm] for x in rounds) for arm in arms[1:]},
+           "ratio_ci95": {arm: median_ci([x["ratio"][arm] for x in rounds]) for arm in arms[1:]}}
+    if args.against:
+        per = [x["ms"]["profiled"] / x["ms"][AGAINST] for x in rounds]
+        row["profiled_over_against"] = {"ratio": statistics.median(per), "ci95": median_ci(per)}
+
+    def told(arm: str) -> str:
+        return f"{row['ratio'][arm]:.3f} ({row['ratio_ci95'][arm][0]:.3f} … {row['ratio_ci95'][arm][1]:.3f})"
+
+    other = f"; --against/plain {told(AGAINST)}" if args.against else ""
+    print(f"{workload}: plain {row['ms']['plain']:.1f} ms; profiled/plain {told('profiled')}; A/A "
+          f"{told('plain again')}{other}", flush=True)
     return row
 
 
@@ -187,6 +213,7 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the tensors live (default cpu)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="default gloo; nccl needs --device cuda and runs a rank per GPU, at most 2")
+    p.add_argument("--against", metavar="CHECKOUT", help="a fourth arm: `commprof profile` of the checkout there")
     args = parse(p, QUICK)
     if args.script:
         script(args.script.split(","), args.steps, args.warmup, args.model, args.device, args.backend)
@@ -198,6 +225,10 @@ def main() -> None:
         p.error("--rounds must be at least 1, and --steps more than --warmup")
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl needs --device cuda")
+    if args.against:
+        if not (Path(args.against) / "commprof" / "__main__.py").is_file():
+            p.error(f"--against {args.against}: no commprof checkout there (no commprof/__main__.py)")
+        args.against = str(Path(args.against).resolve())
     if args.quick:
         got = run("profiled", workloads, args.steps, args.warmup, args.model, args.device, args.backend)
         rows = [{"workload": w, "ms": {"profiled": got[w]}} for w in workloads]
@@ -206,9 +237,16 @@ def main() -> None:
     else:
         rows = [compare(w, args) for w in workloads]
     if args.json:
+        against = {"against": {"path": args.against, "commit": commit(args.against)}} if args.against else {}
         Path(args.json).write_text(json.dumps({"rows": rows, "target": TARGET, "steps": args.steps,
                                                "warmup": args.warmup, "model": args.model, "device": args.device,
-                                               "backend": args.backend}, indent=1) + "\n")
+                                               "backend": args.backend, **against}, indent=1) + "\n")
+
+
+def commit(checkout: str) -> str | None:
+    """The commit a git checkout is at; None elsewhere."""
+    proc = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 if __name__ == "__main__":

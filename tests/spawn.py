@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from commprof.backends import free_port, release_port
@@ -103,18 +102,6 @@ def spawn(command: list[str], *, nproc: int, backend: str, env: dict | None = No
         return _run([(command, {**env, "RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
                                 "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
                      for r in range(nproc)], timeout)
-    finally:
-        release_port(port)
-
-
-@contextmanager
-def torchrun(nproc: int):
-    """torchrun's command line for `nproc` ranks on this host, its store on a port held free for it: its default,
-    29500, would be every such job's at once (pytest-xdist runs two files side by side)."""
-    port = free_port()
-    try:
-        yield [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-port", str(port)]
     finally:
         release_port(port)
 

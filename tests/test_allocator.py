@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from spawn import env_for_tests, torchrun
+from spawn import env_for_tests
 
 BENCH = ["bench", "all_gather", "-b", "8", "-e", "8", "-n", "2", "-w", "1"]
 
@@ -22,21 +22,20 @@ def bench(tmp_path, launcher: list[str], *flags: str) -> tuple[subprocess.Comple
     return proc, json.loads(out.read_text())["env"]["allocator"]
 
 
-COMMPROF = [sys.executable, "-m", "commprof"]
+LAUNCHERS = {
+    "commprof": [sys.executable, "-m", "commprof"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof"],
+}
 
 
 def test_no_huge_pages_unless_asked(tmp_path):
-    plain, seen = bench(tmp_path, COMMPROF, "--nproc", "2")
+    plain, seen = bench(tmp_path, LAUNCHERS["commprof"], "--nproc", "2")
     assert seen["huge_pages"] is False and seen["THP_MEM_ALLOC_ENABLE"] is None
     assert "huge pages" not in plain.stdout
 
 
 @pytest.mark.parametrize("how", ["commprof --nproc 2", "commprof --nproc 1", "torchrun"])
 def test_huge_pages_when_asked(tmp_path, how):
-    if how == "torchrun":
-        with torchrun(2) as launcher:
-            asked, seen = bench(tmp_path, [*launcher, "-m", "commprof"], "--huge-pages")
-    else:
-        asked, seen = bench(tmp_path, COMMPROF, *how.split()[1:], "--huge-pages")
+    asked, seen = bench(tmp_path, LAUNCHERS[how.split()[0]], *how.split()[1:], "--huge-pages")
     assert seen["huge_pages"] is (seen["transparent_hugepage"] != "never") and seen["THP_MEM_ALLOC_ENABLE"] == "1"
     assert ("huge pages: torch's large CPU buffers" in asked.stdout) is seen["huge_pages"]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from spawn import _run, commprof, env_for_tests, kill_session, torchrun
+from spawn import _run, commprof, env_for_tests, kill_session
 
 SCRIPTS = Path(__file__).with_name("scripts")
 DDP = str(SCRIPTS / "ddp_train.py")
@@ -128,10 +128,9 @@ def test_ctrl_c_prints_and_keeps_what_rank_0_measured(tmp_path):
 
 
 def test_under_torchrun_the_traceback_shows_once_and_the_failing_rank_is_the_root_cause(tmp_path):
-    with torchrun(2) as launcher:
-        command = [*launcher, "-m", "commprof", "profile", "--timeout", TIMEOUT, "--", DDP, "--steps", "6",
-                   "--misbehave", "raise", "--at", "3"]
-        proc = _run([(command, env_for_tests())], timeout=180)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof",
+               "profile", "--timeout", TIMEOUT, "--", DDP, "--steps", "6", "--misbehave", "raise", "--at", "3"]
+    proc = _run([(command, env_for_tests())], timeout=180)
     assert proc.returncode == 1, proc.stderr[-3000:]
     # the script's frames once (torchrun's own traceback, of its ChildFailedError, follows them)
     assert proc.stderr.count('ddp_train.py", line') == 1 and "commprof/" not in proc.stderr, proc.stderr[-3000:]

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from spawn import env_for_tests, kill_session, processes, python_c, torchrun
+from spawn import env_for_tests, kill_session, processes, python_c
 
 from commprof import job
 from commprof.launch import find_mpiexec
@@ -111,8 +111,8 @@ def test_rank_0_stopped_mid_sweep_under_a_bare_mpiexec(backend):
 def test_a_rank_stopped_under_torchrun_is_ended_by_its_peer():
     # torchrun sends the other ranks SIGTERM when one fails and SIGKILL 30 s later: a stopped rank never acts
     # on SIGTERM, and the job ended 38 s after the stop. Its peer on the same host ends it once the line is said
-    with torchrun(2) as launcher:
-        code, err, took = run_until_stopped([*launcher, "-m", "commprof", *SWEEP], "stop:rank=1:seq=6")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof", *SWEEP]
+    code, err, took = run_until_stopped(command, "stop:rank=1:seq=6")
     assert code != 0, err[-3000:]
     assert f"rank 0: all_reduce did not complete within {TIMEOUT} s (--timeout)" in err, err[-3000:]
     assert "rank 1 did not answer on the control plane" in err, err[-3000:]

@@ -44,6 +44,7 @@ Target: profiled/plain ≤ 1.02 on each. Results: benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -160,9 +161,11 @@ def run(arm: str, workloads: list[str], steps: int, warmup: int, model: str, dev
     what = f"profile_cost: {', '.join(workloads)}, {arm}"
     n = nproc(device, backend)
     if arm in ("profiled", AGAINST):
-        with tempfile.TemporaryDirectory(prefix="profile-cost-") as outside:
+        # another checkout's jobs start outside every checkout, or python would import the one they start in
+        outside = tempfile.TemporaryDirectory(prefix="profile-cost-") if arm == AGAINST else contextlib.nullcontext()
+        with outside as cwd:
             outs = [job([sys.executable, "-m", "commprof", "profile", "--backend", backend, "--nproc", str(n), "--",
-                         *args], env=env, timeout_s=timeout_s, what=what, cwd=outside if arm == AGAINST else None)]
+                         *args], env=env, timeout_s=timeout_s, what=what, cwd=cwd)]
     else:
         outs = ranks([sys.executable, *args], n, env=env, timeout_s=timeout_s, what=what)
     got = [json.loads(line) for out in outs for line in out.splitlines() if line.startswith('{"workload"')]

@@ -185,14 +185,17 @@ class Annotator:
             self._trace.begin(label, time.perf_counter_ns())  # both sides then carry the same call cost
         self.domain.push_range(label.attrs)
 
-    def pop(self) -> None:
+    def pop(self) -> int | None:
+        """Pop the innermost range; the perf_counter_ns the trace ended it at (None without a trace)."""
         trace = self._trace
-        due = trace is not None and trace.end(time.perf_counter_ns())
+        t_ns = None if trace is None else time.perf_counter_ns()
+        due = trace is not None and trace.end(t_ns)
         self.domain.pop_range()
         if self._kineto is not None:
             self._kineto.pop()
         if due:  # the trace's writing after the pop: inside no range it stamps, NVTX's or its own
             trace.flush()
+        return t_ns
 
     def pop_unfinished(self, end_ns: int | None = None) -> None:
         """Pop a range that turned out other than its push said (the iteration a profiled script's last

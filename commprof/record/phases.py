@@ -172,6 +172,8 @@ class Phases:
         self._start = None
         self.aligned = False
         """The open iteration is an aligned one."""
+        self.ended_ns: int | None = None
+        """perf_counter_ns at which the trace ended the last iteration's range (None without a trace)."""
         self._op_mark = 0
         self._wait_mark = 0
 
@@ -211,7 +213,7 @@ class Phases:
     def end(self) -> Breakdown:
         """End the iteration; every async op must have completed (its Handle waited on)."""
         end = self.now()
-        ANNOTATOR.pop()
+        self.ended_ns = ANNOTATOR.pop()
         if self.aligned:
             aligned_iterations.stop(self.recorder)
             self.aligned = False

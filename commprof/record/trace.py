@@ -105,10 +105,13 @@ class TraceRecorder:
         """begin() now: the Annotator's push while the trace is the only place ranges go."""
         self._stack.append((label, time.perf_counter_ns(), None if self.gpu is None else self.gpu.mark()))
 
-    def exit(self) -> None:
-        """end() now, then the write it made due: the Annotator's pop while the trace is the only place ranges go."""
-        if self.end(time.perf_counter_ns()):
+    def exit(self) -> int:
+        """end() now, then the write it made due: the Annotator's pop while the trace is the only place ranges go;
+        the stamp it ended the range at."""
+        t_ns = time.perf_counter_ns()
+        if self.end(t_ns):
             self.flush()
+        return t_ns
 
     def end(self, t_ns: int) -> bool:
         """Close the innermost range at `t_ns`; True when the buffer is due to be written, which the caller

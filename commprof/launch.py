@@ -2,7 +2,8 @@
 nor mpiexec — and end the job with one line and one exit code, whatever happens to its ranks.
 
 gloo/nccl: N child processes with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, …) and a
-rendezvous on 127.0.0.1 at a free port. mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
+rendezvous on 127.0.0.1 at a free port; gloo's forked from one process that imported torch once
+(commprof/rank_template.py). mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
 the system's); Hydra, which listens on every interface, in a network namespace of loopback alone
 (commprof/netns.py). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
 recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by
@@ -36,10 +37,10 @@ import threading
 import time
 from pathlib import Path
 
-from commprof import job
+from commprof import job, rank_template
 from commprof.backends import YIELD_ENV, free_port, release_port
 from commprof.deadline import die_with_parent
-from commprof.errors import CommprofError, UsageError
+from commprof.errors import CommprofError, PeerError, UsageError
 from commprof.world import usable_cores
 
 GRACE_S = 3.0
@@ -86,7 +87,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]
     wrapper = os.environ.get("COMMPROF_RANK_WRAPPER", "")
-    code = 1
+    code, template = 1, None
     try:
         if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment
             code = _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
@@ -95,10 +96,25 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             port = free_port()
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
                        LOCAL_WORLD_SIZE=str(nproc), COMMPROF_LAUNCHER="commprof")
-            children = _start(wrapper, command, env, nproc)
-            code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s)
+            try:
+                if rank_template.forks(command, backend, wrapper):
+                    children, template = rank_template.start(command, env, nproc, rank_template.preload(argv),
+                                                             timeout_s=timeout_s)
+                else:
+                    children = _start(wrapper, command, env, nproc)
+            except PeerError as exc:  # the template stopped or killed before it forked the ranks
+                code = _claim(str(exc), folder)
+            except KeyboardInterrupt:  # while the template imports torch: it is gone, and no rank was forked
+                code = 130
+            except _Terminated as exc:
+                code = 128 + exc.args[0]
+            else:
+                code = _supervise(children, folder, ranks=list(range(nproc)), timeout_s=timeout_s,
+                                  template=template)
             release_port(port)
     finally:
+        if template is not None:
+            _end_template(template)
         _stop_pids(folder)
         try:
             if code:
@@ -107,6 +123,16 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
             _remove_shared_memory(folder)
             shutil.rmtree(folder, ignore_errors=True)
     return code
+
+
+def _end_template(template: subprocess.Popen) -> int:
+    """Reap the ranks' template, which exits once it has reaped them; killed (and they with it) if it has not
+    within GRACE_S: the job ends whatever held it. Its exit status."""
+    try:
+        return template.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        template.kill()
+        return template.wait()
 
 
 def _remove_shared_memory(folder: Path) -> None:
@@ -214,10 +240,11 @@ def _write(out, data: bytes) -> None:
         pass
 
 
-def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[int] | None,
-               timeout_s: float) -> int:
+def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout_s: float,
+               template: subprocess.Popen | None = None) -> int:
     """Wait for every child; once a failure is known, stop the rest after GRACE_S (a stopped rank at once).
-    `ranks`: the rank of each child, or None for one mpiexec that holds them all."""
+    `children`: subprocess.Popen, or rank_template.Forked; `ranks`: the rank of each child, or None for one
+    mpiexec that holds them all; `template`: the forked ranks' template, which reports their ends."""
     failed_at = None
     stopped = _StoppedRanks(folder, timeout_s)
     looked = -CHECK_S
@@ -229,7 +256,7 @@ def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[in
                     if rc not in (None, 0):
                         failed_at = time.monotonic()
                         if ranks is not None and rc < 0:
-                            _death(f"rank {ranks[i]}", rc, folder)
+                            _death(*_culprit(template, f"rank {ranks[i]}", rc), folder)
                 # the job folder and /proc, read every CHECK_S: read on every 50 ms tick they took 0.7 % of a
                 # core, 3.5x torchrun's agent, from ranks that fill the cores
                 if time.monotonic() - looked >= CHECK_S:
@@ -262,7 +289,7 @@ def _supervise(children: list[subprocess.Popen], folder: Path, *, ranks: list[in
     for i, p in enumerate(children):
         rc = p.returncode
         if rc < 0:
-            return _death(f"rank {ranks[i]}" if ranks is not None else "mpiexec", rc, folder)
+            return _death(*_culprit(template, f"rank {ranks[i]}" if ranks is not None else "mpiexec", rc), folder)
         if rc > 128 and rc - 128 in signal.valid_signals() and ranks is not None:
             # a shell or nsys passing its rank's signal on
             return _death(f"rank {ranks[i]}", -(rc - 128), folder)
@@ -282,6 +309,19 @@ def _interrupted(children: list[subprocess.Popen]) -> None:
     except KeyboardInterrupt:
         pass
     _stop(children)
+
+
+def _culprit(template: subprocess.Popen | None, who: str, rc: int) -> tuple[str, int]:
+    """Whose end a rank's death by a signal is: the ranks' template's when it died first, they with it
+    (PR_SET_PDEATHSIG); the rank's own while the template lives on."""
+    if template is not None:
+        try:
+            code = template.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            return who, rc
+        if code:
+            return rank_template.NAME, code
+    return who, rc
 
 
 def _death(who: str, rc: int, folder: Path) -> int:

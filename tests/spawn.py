@@ -138,3 +138,25 @@ def processes(marker: str, value: str) -> dict[int, dict[str, str]]:
         if env.get(marker) == value:
             found[int(entry.name)] = env
     return found
+
+
+def cmdline(pid: int) -> str:
+    """Process `pid`'s command line, its arguments joined by spaces; "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def rank_templates(marker: str, value: str) -> list[int]:
+    """The live rank templates (commprof/rank_template.py) whose environment has marker=value: the forked ranks,
+    which share a template's command line and /proc environment, left out as its children."""
+    found = [pid for pid in processes(marker, value) if "-m commprof.rank_template " in cmdline(pid)]
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from invariants import check_iteration
-from spawn import commprof, env_for_tests, kill_session, processes, python_c, spawn
+from spawn import commprof, env_for_tests, kill_session, processes, python_c, rank_templates, spawn
 
 SMALL = ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--timeout", "3"]
 
@@ -79,21 +79,25 @@ def test_killed_rank_is_named_and_what_was_measured_is_kept(tmp_path, backend):
     assert [r["collective"] for r in doc["results"]].count("all_reduce") == 2 * modes
 
 
-@pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend):
+@pytest.mark.parametrize("backend,start", [("mpi", "exec"), ("gloo", "exec"), ("gloo", "fork")])
+def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend, start):
+    # exec: rank 1 stopped while it imports; fork: the template that imports for both ranks
+    # (commprof/rank_template.py), found by its command line: a forked rank's /proc environment is its own
     tag = uuid.uuid4().hex
-    env = env_for_tests(COMMPROF_TEST_TAG=tag)
+    env = env_for_tests(COMMPROF_TEST_TAG=tag, COMMPROF_RANK_START=start)
     command = [sys.executable, "-m", "commprof", "bench", "all_reduce", "--backend", backend, "--nproc", "2",
                *SMALL[:-1], "5"]
-    start = time.monotonic()
+    began = time.monotonic()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         stopped = None
-        while stopped is None and time.monotonic() - start < 60:
-            for pid, penv in processes("COMMPROF_TEST_TAG", tag).items():
-                if penv.get("PMI_RANK", penv.get("RANK")) == "1" and "COMMPROF_JOB_DIR" in penv:
-                    os.kill(pid, signal.SIGSTOP)  # still importing: before MPI_Init / the rendezvous
+        while stopped is None and time.monotonic() - began < 60:
+            found = processes("COMMPROF_TEST_TAG", tag)
+            for pid in rank_templates("COMMPROF_TEST_TAG", tag) if start == "fork" else found:
+                if start == "fork" or found[pid].get("PMI_RANK", found[pid].get("RANK")) == "1" \
+                        and "COMMPROF_JOB_DIR" in found[pid]:
+                    os.kill(pid, signal.SIGSTOP)  # still importing: before MPI_Init / the rendezvous / the forks
                     stopped = pid
                     break
             time.sleep(0.01)
@@ -103,7 +107,10 @@ def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend):
         kill_session(proc)
     assert proc.returncode == 3, err[-3000:]
     line = one_line(subprocess.CompletedProcess(command, 3, "", err))
-    assert line.startswith("rank 0: rank 1 did not start within 5 s (--timeout) of this one"), line
+    if start == "exec":
+        assert line.startswith("rank 0: rank 1 did not start within 5 s (--timeout) of this one"), line
+    else:
+        assert line == "the ranks' template process was stopped (SIGSTOP) and did not resume within 5 s (--timeout)"
     assert not processes("COMMPROF_TEST_TAG", tag)  # the stopped rank too
 
 

@@ -1,5 +1,5 @@
-"""Start-up: whole-process wall time of short commprof commands, this checkout against an older commit,
-interleaved round by round on the same machine (medians; the machine is shared and noisy).
+"""Start-up: whole-process wall time and CPU time of short commprof commands, this checkout against an older
+commit, interleaved round by round on the same machine (medians; the machine is shared and noisy).
 
     python benchmarks/startup.py [--quick] [--baseline REV] [--rounds 7] [--commands help,bench,run]
                                  [--json benchmarks/results/startup-results.json]
@@ -11,15 +11,18 @@ itself, on both sides and with no worktree: an A/A comparison. --quick: `.`, one
 seconds, to see that it runs. Commands:
   help    commprof --help
   bench   commprof bench all_reduce --nproc 2 -b 8 -e 8 -n 1 -w 0        one 8-byte op on 2 gloo ranks
+  bench4  the same on 4 gloo ranks (more ranks than this machine's 2 cores)
   run     commprof run --strategy ddp --model mnist-cnn --steps 1 --warmup 0 --eval-samples 0 --nproc 2
 Prints seconds per command and checkout and their ratio (of the medians), the median of the per-round
-ratios with its 95 % CI (benchmarks/common.py's ratio_ci); also the launcher's peak memory for `help`.
+ratios with its 95 % CI (benchmarks/common.py's ratio_ci), for wall time and for CPU time (user + system of
+the command and every process it waited for, its ranks included); also the launcher's peak memory for `help`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,8 @@ from common import ROOT, order, parse, parser, ratio_ci
 COMMANDS = {
     "help": ["--help"],
     "bench": ["bench", "all_reduce", "--backend", "gloo", "--nproc", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"],
+    "bench4": ["bench", "all_reduce", "--backend", "gloo", "--nproc", "4", "-b", "8", "-e", "8", "-n", "1", "-w",
+               "0"],
     "run": ["run", "--strategy", "ddp", "--model", "mnist-cnn", "--backend", "gloo", "--steps", "1", "--warmup", "0",
             "--eval-samples", "0", "--nproc", "2"],
 }
@@ -44,9 +49,10 @@ QUICK = {"baseline": THIS, "rounds": 1, "commands": "help"}
 COMMAND_TIMEOUT_S = 300
 
 
-def timed(checkout: Path, argv: list[str]) -> float:
-    """Seconds end to end for one command."""
+def timed(checkout: Path, argv: list[str]) -> tuple[float, float]:
+    """Seconds end to end for one command, and the CPU seconds it and the processes it waited for took."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     # run from the checkout: `python -m` puts the working directory first on sys.path
     try:
@@ -55,10 +61,11 @@ def timed(checkout: Path, argv: list[str]) -> float:
     except subprocess.TimeoutExpired:
         sys.exit(f"startup: {checkout}: commprof {' '.join(argv)} gave no result within {COMMAND_TIMEOUT_S} s")
     seconds = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [""])[-1]
         sys.exit(f"startup: {checkout}: commprof {' '.join(argv)} exited {proc.returncode}: {last}")
-    return seconds
+    return seconds, now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime
 
 
 def help_rss(checkout: Path) -> int:
@@ -71,8 +78,8 @@ def help_rss(checkout: Path) -> int:
 
 
 def measure(checkouts: dict[str, Path], commands: list[str], rounds: int) -> tuple[dict, dict]:
-    """Seconds per (checkout, command) over the rounds, the checkouts' order flipping every round; and
-    each checkout's peak RSS for `help`."""
+    """(wall seconds, CPU seconds) per (checkout, command) over the rounds, the checkouts' order flipping every
+    round; and each checkout's peak RSS for `help`."""
     times = {(c, k): [] for c in checkouts for k in commands}
     for r in range(rounds):
         for name in commands:
@@ -104,15 +111,20 @@ def main() -> int:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                                capture_output=True)
     summary = {}
-    print(f"{'command':8} {'before (s)':>11} {'after (s)':>10} {'after/before':>13} {'per round, 95 % CI':>24}")
+    print(f"{'command':8} {'':4} {'before (s)':>11} {'after (s)':>10} {'after/before':>13} {'per round, 95 % CI':>24}")
     for name in commands:
-        before, after = (statistics.median(times[(c, name)]) for c in ("before", "after"))
-        paired = ratio_ci(times[("after", name)], times[("before", name)])
-        summary[name] = {"before_s": round(before, 3), "after_s": round(after, 3), "ratio": round(after / before, 3),
-                         "paired_ratio": round(paired["ratio"], 3), "paired_ratio_ci95": paired["ci95"]}
-        lo, hi = paired["ci95"]
-        print(f"{name:8} {before:11.2f} {after:10.2f} {after / before:13.2f} "
-              f"{paired['ratio']:9.2f} [{lo:.2f}, {hi:.2f}]")
+        summary[name] = {}
+        for i, kind in enumerate(("wall", "cpu")):
+            taken = {c: [t[i] for t in times[(c, name)]] for c in ("before", "after")}
+            before, after = (statistics.median(taken[c]) for c in ("before", "after"))
+            paired = ratio_ci(taken["after"], taken["before"])
+            key = "" if kind == "wall" else "cpu_"  # wall time's keys as they were before CPU time was measured
+            summary[name] |= {f"{key}before_s": round(before, 3), f"{key}after_s": round(after, 3),
+                              f"{key}ratio": round(after / before, 3), f"{key}paired_ratio": round(paired["ratio"], 3),
+                              f"{key}paired_ratio_ci95": paired["ci95"]}
+            lo, hi = paired["ci95"]
+            print(f"{name:8} {kind:4} {before:11.2f} {after:10.2f} {after / before:13.2f} "
+                  f"{paired['ratio']:9.2f} [{lo:.2f}, {hi:.2f}]")
     print(f"commprof --help peak RSS: before {rss['before'] / 1024:.0f} MiB, after {rss['after'] / 1024:.0f} MiB")
     if args.json:
         Path(args.json).write_text(json.dumps({

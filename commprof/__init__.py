@@ -28,9 +28,9 @@ Layers, lowest first; a module imports from its own layer or lower ones only (te
                                            iteration as a program, its replay at N ranks
   findings/, live/                         what made a traced job wait, ranked by what it costs a step;
                                            the same while a job runs, window by window, to Prometheus
-  netns, launch, lifecycle, kept           a local MPI job's own network; the launcher; the job's life
-                                           cycle every command runs through; rank 0's results kept as
-                                           the job goes
+  netns, launch, rank_template,            a local MPI job's own network; the launcher, and the process
+  lifecycle, kept                          gloo's ranks are forked from; the job's life cycle every
+                                           command runs through; rank 0's results kept as the job goes
   bench/, run/, profile/, predict/         the commands: a config, one rank's work, rank 0's report;
                                            predict: a traced iteration replayed at N ranks
   commands, cli, nsys, sweep, __main__     the command line; grids of whole jobs

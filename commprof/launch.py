@@ -256,7 +256,7 @@ def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout
                     if rc not in (None, 0):
                         failed_at = time.monotonic()
                         if ranks is not None and rc < 0:
-                            _death(*_culprit(template, f"rank {ranks[i]}", rc), folder)
+                            _death(*_culprit(template, p, f"rank {ranks[i]}", rc), folder)
                 # the job folder and /proc, read every CHECK_S: read on every 50 ms tick they took 0.7 % of a
                 # core, 3.5x torchrun's agent, from ranks that fill the cores
                 if time.monotonic() - looked >= CHECK_S:
@@ -289,7 +289,7 @@ def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout
     for i, p in enumerate(children):
         rc = p.returncode
         if rc < 0:
-            return _death(*_culprit(template, f"rank {ranks[i]}" if ranks is not None else "mpiexec", rc), folder)
+            return _death(*_culprit(template, p, f"rank {ranks[i]}" if ranks is not None else "mpiexec", rc), folder)
         if rc > 128 and rc - 128 in signal.valid_signals() and ranks is not None:
             # a shell or nsys passing its rank's signal on
             return _death(f"rank {ranks[i]}", -(rc - 128), folder)
@@ -311,14 +311,11 @@ def _interrupted(children: list[subprocess.Popen]) -> None:
     _stop(children)
 
 
-def _culprit(template: subprocess.Popen | None, who: str, rc: int) -> tuple[str, int]:
-    """Whose end a rank's death by a signal is: the ranks' template's when it died first, they with it
-    (PR_SET_PDEATHSIG); the rank's own while the template lives on."""
-    if template is not None:
-        try:
-            code = template.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            return who, rc
+def _culprit(template: subprocess.Popen | None, child, who: str, rc: int) -> tuple[str, int]:
+    """Whose end a rank's death by a signal is: the ranks' template's when it had ended, the rank killed with
+    it (PR_SET_PDEATHSIG); the rank's own while the template lives on."""
+    if template is not None and child.template_ended:
+        code = _end_template(template)  # ending already: its files are closed
         if code:
             return rank_template.NAME, code
     return who, rc

@@ -65,6 +65,13 @@ class Forked:
             self.returncode = -signal.SIGKILL
         return self.returncode
 
+    @property
+    def template_ended(self) -> bool:
+        """The template has ended (closed its end of the reports): a rank killed since was killed with it, as
+        the kernel closes a dying process's files before it signals its children (PR_SET_PDEATHSIG)."""
+        self._reports.read()
+        return self._reports.gone
+
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:

@@ -149,10 +149,16 @@ def cmdline(pid: int) -> str:
 
 
 def rank_templates(marker: str, value: str) -> list[int]:
-    """The live rank templates (commprof/rank_template.py) whose environment has marker=value: the forked ranks,
-    which share a template's command line and /proc environment, left out as its children."""
+    """The live rank templates (commprof/rank_template.py) whose environment has marker=value."""
+    return forked(marker, value)[0]
+
+
+def forked(marker: str, value: str) -> tuple[list[int], list[int]]:
+    """The rank templates whose environment has marker=value, and the ranks they forked: those share a
+    template's command line and /proc environment (RANK is not in it), and are told apart as its children."""
     found = [pid for pid in processes(marker, value) if "-m commprof.rank_template " in cmdline(pid)]
-    return [pid for pid in found if _parent(pid) not in found]
+    templates = [pid for pid in found if _parent(pid) not in found]
+    return templates, [pid for pid in found if pid not in templates]
 
 
 def _parent(pid: int) -> int | None:

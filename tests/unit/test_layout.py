@@ -22,7 +22,7 @@ LAYERS = (
     ("strategies", "kernels"),
     ("perfmodel",),
     ("findings", "live"),
-    ("netns", "launch", "lifecycle", "kept"),
+    ("netns", "launch", "rank_template", "lifecycle", "kept"),
     ("bench", "run", "profile", "predict"),
     ("commands", "cli", "nsys", "sweep", "__main__"),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 
 from commprof.errors import UsageError
@@ -30,7 +31,10 @@ def open_store(addr: str, port: int, *, rank: int, world_size: int, timeout_s: f
         serve = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     timeout = timedelta(seconds=timeout_s)
     if not serve:
-        return dist.TCPStore(addr, port, world_size, False, timeout)
+        left = _until_listening(addr, port, timeout_s)
+        store = dist.TCPStore(addr, port, world_size, False, timedelta(seconds=max(left, 1.0)))
+        store.set_timeout(timeout)  # the connect's own bound was what the wait above left; the calls' is timeout
+        return store
     sock = listen(addr, port)
     try:
         store = dist.TCPStore(addr, sock.getsockname()[1], world_size, True, timeout, wait_for_workers=False,
@@ -40,6 +44,22 @@ def open_store(addr: str, port: int, *, rank: int, world_size: int, timeout_s: f
         raise
     sock.detach()  # the descriptor is the store's now: it listens on it for the life of the process
     return store
+
+
+def _until_listening(addr: str, port: int, timeout_s: float) -> float:
+    """Wait until addr:port accepts a connection, at most `timeout_s`; the seconds left of it. TCPStore's client,
+    refused once, waits out a backoff of about half a second before it tries again, and ranks started at once
+    are refused nearly always: rank 0 listens only once it has read its command line."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            break
+        except OSError:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
+    return deadline - time.monotonic()
 
 
 def listen(addr: str, port: int) -> socket.socket:

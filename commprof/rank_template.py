@@ -33,7 +33,8 @@ START_ENV = "COMMPROF_RANK_START"
 NAME = "the ranks' template process"
 """What the launcher's lines call it."""
 CHECK_S = 0.25
-"""How often start() looks whether the template is stopped while it imports."""
+"""How often start() looks whether the template is stopped while it imports, and a rank's poll in /proc
+whether it ended unreaped."""
 
 
 def preload(argv: list[str]) -> tuple[str, ...]:
@@ -55,11 +56,15 @@ class Forked:
         self.pid = pid
         self.returncode: int | None = None
         self._reports = reports
+        self._looked = 0.0
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._reports.code(self.pid)
-        if self.returncode is None:  # a template stopped (SIGSTOP) reaps nothing: the rank's end is in /proc
+        # a template stopped (SIGSTOP) reaps nothing: the rank's end is in /proc, read every CHECK_S (the
+        # launcher polls every 50 ms, and /proc on every poll of every rank costs the ranks' cores)
+        if self.returncode is None and time.monotonic() - self._looked >= CHECK_S:
+            self._looked = time.monotonic()
             self.returncode = _zombie_code(self.pid)
         if self.returncode is None and self._reports.gone:  # the template died untold: killed with it
             self.returncode = -signal.SIGKILL

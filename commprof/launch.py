@@ -2,8 +2,8 @@
 nor mpiexec — and end the job with one line and one exit code, whatever happens to its ranks.
 
 gloo/nccl: N child processes with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, …) and a
-rendezvous on 127.0.0.1 at a free port; gloo's forked from one process that imported torch once
-(commprof/rank_template.py). mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
+rendezvous on 127.0.0.1 at a free port; with COMMPROF_RANK_START=fork, gloo's are forked from one process
+that imported torch once (commprof/rank_template.py). mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
 the system's); Hydra, which listens on every interface, in a network namespace of loopback alone
 (commprof/netns.py). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
 recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by

@@ -1,18 +1,20 @@
-"""The launcher's gloo ranks, forked from one template process that imported torch once, rather than started as
-N interpreters that each import it: `import torch` is 1.5 s of CPU a rank and torch._dynamo (which run's first
-optimizer and profile's interception import) 1.2 s more, most of a short job's CPU where ranks outnumber
-cores, while a fork costs milliseconds. Each rank is then what `python -m commprof ARGV` would be: its own
-session, RANK and LOCAL_RANK in its environment, killed with the process that started it, its exit status
-the launcher's to read.
+"""With COMMPROF_RANK_START=fork, the launcher's gloo ranks are forked from one template process that imported
+torch once, rather than started as N interpreters that each import it: `import torch` is 1.5 s of CPU a rank,
+and torch._dynamo (which run's first optimizer and profile's interception import) 1.2 s more, most of a short
+job's CPU where ranks outnumber cores, while a fork costs milliseconds. Each rank is then what
+`python -m commprof ARGV` would be: its own session, RANK and LOCAL_RANK in its environment, killed with the
+process that started it, its exit status the launcher's to read.
 
 The template, `python -m commprof.rank_template FD NPROC MODULES -- ARGS…`, imports MODULES, forks NPROC
 ranks of `python ARGS`, writes "start RANK PID" for each and "end PID CODE" as each ends to file descriptor
 FD, and exits once every rank has. Nothing it imports touches CUDA or starts a thread of Python's before the
 fork (torch's own DataLoader workers fork from such a process), and the generators of Python's `random`, of
 torch on CPU and of NumPy are seeded afresh in each rank, as in a new interpreter; str hashes stay the
-template's (PYTHONHASHSEED), the same on every rank. Not for nccl, which has not been run this
-way on a GPU, nor for mpi (mpiexec starts the ranks), nor under COMMPROF_RANK_WRAPPER (a command in front of
-each rank); COMMPROF_RANK_START=exec starts every rank as an interpreter of its own.
+template's (PYTHONHASHSEED), the same on every rank. Not for nccl, which has not been run this way on a GPU,
+nor for mpi (mpiexec starts the ranks), nor under COMMPROF_RANK_WRAPPER (a command in front of each rank).
+Not the default: forked ranks stepped 1-3 % slower in Python-heavy training than ranks of their own
+(benchmarks/rank_start.py), and commprof measures the job the user runs; the test suite, whose jobs are
+short, starts its ranks so (tests/spawn.py).
 Exercised by: `pytest tests/test_rank_template.py tests/test_sessions.py tests/test_failures.py`.
 """
 
@@ -29,7 +31,7 @@ PRELOADED = {"run": ("torch", "torch._dynamo"), "profile": ("torch", "torch._dyn
 """What a rank of each command imports anyway, imported once in the template; other commands: torch alone."""
 
 START_ENV = "COMMPROF_RANK_START"
-"""`exec`: start every rank as an interpreter of its own, as before the template."""
+"""`fork`: fork gloo's ranks from a template; otherwise (`exec`, the default) each is an interpreter of its own."""
 NAME = "the ranks' template process"
 """What the launcher's lines call it."""
 CHECK_S = 0.25
@@ -45,7 +47,7 @@ def preload(argv: list[str]) -> tuple[str, ...]:
 
 def forks(command: list[str], backend: str, wrapper: str) -> bool:
     """Whether the ranks of `command` (sys.executable -m commprof ARGV) are forked from a template."""
-    return (backend == "gloo" and not wrapper and os.environ.get(START_ENV, "fork") != "exec"
+    return (backend == "gloo" and not wrapper and os.environ.get(START_ENV, "exec") == "fork"
             and command[:3] == [sys.executable, "-m", "commprof"])
 
 

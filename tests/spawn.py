@@ -36,7 +36,11 @@ def session_id() -> str:
 
 
 def env_for_tests(**extra: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """The environment of a process a test starts. Its gloo jobs fork their ranks from a template
+    (COMMPROF_RANK_START=fork, commprof/rank_template.py): half the CPU of a short job, which most of the suite's
+    are; what a forked rank is to a user's script is checked against a started one in tests/test_rank_template.py,
+    and the launcher's sessions, signals and start-up failures in both ways (test_sessions.py, test_failures.py)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COMMPROF_RANK_START="fork")
     for key in ("COMMPROF_DEBUG", "COMMPROF_FAULT", "COMMPROF_JOB_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)

@@ -52,6 +52,8 @@ PROMISES: dict[str, list[tuple]] = {
     "pipeline_vs_torch": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "parity", "max_abs_diff")],
     "predict_fabric": [("results", 0, "rows", 0, "ratio"), ("results", 0, "rows", 0, "predicted_step_ms")],
     "profile_cost": [("rows", 4, "workload"), ("rows", 4, "ms", "profiled")],
+    "rank_start": [("rows", 0, "fork_over_exec", "ratio"), ("rows", 0, "fork_over_exec", "ci95"),
+                   ("rows", 0, "exec_ms")],
     "run_overhead": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "recording_cost_us")],
     "run_vs_torch": [("pairs", "ddp", "ratio"), ("pairs", "ddp", "ratio_ci95"), ("pairs", "fsdp", "ratio")],
     "seen_backend": [("seen_minus_without_us",), ("seen_minus_without_ci95_us",), ("through_minus_without_us",)],

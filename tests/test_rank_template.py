@@ -1,5 +1,6 @@
-"""gloo's ranks forked from a template process that imported torch once (commprof/rank_template.py) are what
-ranks started as interpreters of their own are to the script they run: the same rank, environment, session,
+"""gloo's ranks forked from a template process that imported torch once (COMMPROF_RANK_START=fork,
+commprof/rank_template.py; the suite's own jobs start so, users' by default do not) are what ranks started as
+interpreters of their own are to the script they run: the same rank, environment, session,
 `__name__`, argv and sys.path, a working process group, generators seeded apart; only their parent differs.
 A job interrupted (SIGINT, SIGTERM) while its template still imports ends at once, the template with it.
 The launcher's signals and sessions with forked ranks: tests/test_sessions.py; their failures, every gloo test
@@ -78,10 +79,14 @@ def test_what_only_a_template_could_not_start_is_one_error():
     (["other.py"], "gloo", "", False),
 ])
 def test_which_ranks_are_forked(command, backend, wrapper, forked, monkeypatch):
-    monkeypatch.delenv(rank_template.START_ENV, raising=False)
+    monkeypatch.setenv(rank_template.START_ENV, "fork")
     assert rank_template.forks([sys.executable, *command], backend, wrapper) is forked
-    monkeypatch.setenv(rank_template.START_ENV, "exec")
-    assert not rank_template.forks([sys.executable, *command], backend, wrapper)
+    for start in ("exec", None):  # asked for, or by default: every rank an interpreter of its own
+        if start is None:
+            monkeypatch.delenv(rank_template.START_ENV)
+        else:
+            monkeypatch.setenv(rank_template.START_ENV, start)
+        assert not rank_template.forks([sys.executable, *command], backend, wrapper)
 
 
 LAUNCHER = """\

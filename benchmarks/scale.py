@@ -1,0 +1,270 @@
+"""commprof's own rank-0 paths at N = 8 … 16,384 simulated ranks, in one process: what each costs in time,
+peak memory and bytes, and how it grows (the exponent of a power law fitted from 1,024 ranks up).
+
+The world is made from a recorded 2-rank job (tests/recorded/slowed: DDP, rank 1 sleeping 20 ms before every
+backward): every rank but the last steps as the recorded rank 0 did, the last as the slowed rank 1, each rank's
+figures with ±JITTER of scheduling noise of its own. Every path runs commprof's real code on that world:
+
+  live_combine    live/combine.py `combine`: one window of --window steps of every rank, into the job's window
+                  and its findings (the windows folded by live/window.py's Fold from the recorded iterations)
+  live_collect    comm/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
+                  real TCPStore served in this process (the ranks' posts made beforehand by client threads)
+  scrape          live/export.py `Metrics`: one HTTP scrape of the endpoint after one combined window
+  states          comm/control.py `ControlPlane.states`: every rank's flight-recorder snapshot (comm/flight.py's
+                  shape, the world group's member list in it) read back from the store on a failure
+
+Each path checks what it produced: the slowed rank named a straggler with its cost within 15 % of what the
+same path gives the 2-rank job, every rank's window read back. A path whose last size took longer than
+--budget seconds is not run at larger sizes (its row says so): it is extrapolated by its fit, never guessed.
+
+    python benchmarks/scale.py [--quick] [--sizes 8,256,1024,...] [--paths live_combine,...] [--budget 60]
+
+Results: benchmarks/README.md, benchmarks/results/scale-results.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import math
+import random
+import resource
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from common import ROOT, parse, parser
+
+SIZES = (8, 256, 1024, 2048, 4096, 8192, 16384)
+QUICK = {"sizes": "8,64", "budget": 10.0}
+JITTER = 0.02
+"""Each rank's busy and blocked time per step drawn within ±2 % of the recorded rank's."""
+PER_HOST = 8
+"""Ranks per simulated host (an 8-GPU node)."""
+RECORDED = ROOT / "tests" / "recorded" / "slowed" / "trace"
+WINDOW = 20
+POSTERS = 16
+"""Client threads posting the simulated ranks' keys (a client per rank would be 16,384 sockets)."""
+TOLERANCE = 0.15
+
+
+# ---- the world ----------------------------------------------------------------------------------------
+def recorded_windows(window: int) -> tuple[dict, dict]:
+    """The recorded job's two ranks' windows (fast, slowed), each folded by live/window.py's Fold from the
+    trace's measured iterations: its iterations' figures, its ops and its waits, repeated to `window` steps."""
+    from commprof.findings.arrivals import analyze
+    from commprof.live.window import Fold
+    from commprof.perfmodel.timeline import load
+
+    m = load(str(RECORDED))
+    a = analyze(m)
+    out = []
+    for rank in (0, 1):
+        fold = Fold(rank=rank, host="h", window=window)
+        got = None
+        for i in range(window):
+            it = m.iterations[i % len(m.iterations)]
+            split = a.per_iteration[i % len(m.iterations)][rank]
+            p = it[rank]
+            ops = [(op.name, op.nbytes, len(op.members), int(s * 1e3), int(e * 1e3), True, op.label)
+                   for s, e, op in p.spans]
+            waits = [(op.name, int(b0 * 1e3), int(b1 * 1e3)) for op, b0, b1 in p.blocks]
+            figures = {"step": i, "wall_ms": split.wall_ms, "exposed_comm_ms": split.blocked_ms, "bubble_ms": 0.0}
+            got = fold.add(figures, ops, waits) or got
+        out.append(got)
+    return out[0], out[1]
+
+
+def windows(n: int, fast: dict, slow: dict, seed: int = 0) -> list[dict]:
+    """n ranks' windows: rank n-1 the slowed rank's, the others the fast rank's, each step's busy and blocked
+    time jittered."""
+    rnd = random.Random(seed)
+    out = []
+    for rank in range(n):
+        w = copy.deepcopy(slow if rank == n - 1 else fast)
+        w["rank"], w["host"] = rank, f"node{rank // PER_HOST}"
+        w["busy_by_step_ms"] = [b * rnd.uniform(1 - JITTER, 1 + JITTER) for b in w["busy_by_step_ms"]]
+        w["blocked_by_step_ms"] = [b * rnd.uniform(1 - JITTER, 1 + JITTER) for b in w["blocked_by_step_ms"]]
+        for agg in w["ops"].values():
+            agg[4] = n  # the world group's size
+        out.append(w)
+    return out
+
+
+def straggler(job: dict) -> dict | None:
+    return next((f for f in job["findings"] if f["kind"] == "straggler"), None)
+
+
+# ---- the paths ----------------------------------------------------------------------------------------
+def live_combine(n: int, ctx: dict) -> dict:
+    from commprof.live.combine import combine
+
+    ws = windows(n, ctx["fast"], ctx["slow"])
+    took, peak, job = measure(lambda: combine(ws))
+    found = straggler(job)
+    return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(job)), "check": check(found, n, ctx)}
+
+
+def live_collect(n: int, ctx: dict) -> dict:
+    plane, store, clients = serve(n)
+    ws = windows(n, ctx["fast"], ctx["slow"])
+    post(clients, [(lambda c, w=w: _post_window(c, n, w)) for w in ws])
+    rss0 = rss()
+    took, peak, got = measure(lambda: plane.windows(0, list(range(n))))
+    return {"seconds": took, "peak_bytes": peak, "bytes": sum(len(json.dumps(w)) for w in got.values()),
+            "rss_growth_bytes": max(0, rss() - rss0), "check": "ok" if len(got) == n else f"read {len(got)} of {n}"}
+
+
+def _post_window(store, n: int, w: dict) -> None:
+    from commprof.comm.control import ControlPlane
+
+    ControlPlane(store, rank=w["rank"], world_size=n).post_window(0, w)
+
+
+def scrape(n: int, ctx: dict) -> dict:
+    from commprof.live.combine import combine
+    from commprof.live.export import Metrics
+
+    metrics = Metrics("127.0.0.1", 0)
+    try:
+        metrics.add(combine(windows(n, ctx["fast"], ctx["slow"])))
+        url = f"http://127.0.0.1:{metrics.port}/metrics"
+        took, peak, body = measure(lambda: urllib.request.urlopen(url, timeout=600).read())
+    finally:
+        metrics.close()
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    return {"seconds": took, "peak_bytes": peak, "bytes": len(body), "series": series, "check": "ok"}
+
+
+def states(n: int, ctx: dict) -> dict:
+    from commprof.comm.control import ControlPlane
+
+    plane, store, clients = serve(n)
+    snap = {"rank": 0, "reason": "answering rank 0", "busy": "all_reduce (world)",
+            "groups": {"world": list(range(n))}, "seqs": {"world": 40},
+            "ring": [["world", s, "all_reduce", 1597480, "float32"] for s in range(40 - 32, 41)]}
+
+    def post_state(client, rank):
+        ControlPlane(client, rank=rank, world_size=n).post_state({**snap, "rank": rank})
+
+    rss0 = rss()
+    post(clients, [(lambda c, r=r: post_state(c, r)) for r in range(n)])
+    grown = max(0, rss() - rss0)
+    took, peak, got = measure(lambda: plane.states(within_s=0.0))
+    return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(snap)) * n, "store_growth_bytes": grown,
+            "check": "ok" if len(got) == n else f"read {len(got)} of {n}"}
+
+
+PATHS = {"live_combine": live_combine, "live_collect": live_collect, "scrape": scrape, "states": states}
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+def measure(fn):
+    """(seconds, peak growth of this process's resident memory, result) of fn(): the memory sampled every
+    10 ms by a thread beside it (tracemalloc would slow the call several-fold and miss C allocations)."""
+    gc.collect()
+    base, peak, done = rss(), [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], rss() - base)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    out = fn()
+    took = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    return took, max(peak[0], rss() - base), out
+
+
+def check(found: dict | None, n: int, ctx: dict) -> str:
+    """'ok' when the slowed rank is the straggler at a cost within TOLERANCE of the 2-rank job's."""
+    if found is None:
+        return "no straggler found"
+    if found["rank"] != n - 1:
+        return f"straggler named rank {found['rank']}, not {n - 1}"
+    ref = ctx["reference_ms"]
+    if abs(found["ms_per_step"] - ref) > TOLERANCE * ref:
+        return f"cost {found['ms_per_step']:.1f} ms/step, the 2-rank job's {ref:.1f}"
+    return "ok"
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def serve(n: int):
+    """Rank 0's store and control plane, and POSTERS clients of it."""
+    import torch.distributed as dist
+
+    from commprof.comm.control import ControlPlane
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    clients = [dist.TCPStore("127.0.0.1", store.port, 1, False) for _ in range(POSTERS)]
+    return ControlPlane(store, rank=0, world_size=n), store, clients
+
+
+def post(clients: list, calls: list) -> None:
+    """Each call(client) made, the calls shared out over the clients' threads."""
+    def run(k):
+        for call in calls[k::len(clients)]:
+            call(clients[k])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def exponent(rows: list[dict], field: str = "seconds", start: int = 1024) -> float | None:
+    """The slope of log(field) against log(ranks) from `start` ranks up (least squares); None under 2 points."""
+    pts = [(math.log(r["ranks"]), math.log(r[field])) for r in rows if r["ranks"] >= start and r.get(field)]
+    if len(pts) < 2:
+        return None
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
+def main() -> int:
+    p = parser(__doc__, json="scale-results.json")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--budget", type=float, default=60.0,
+                   help="seconds a path's run may take before its larger sizes are left out")
+    args = parse(p, QUICK)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    fast, slow = recorded_windows(WINDOW)
+    from commprof.live.combine import combine
+
+    ctx = {"fast": fast, "slow": slow}
+    ctx["reference_ms"] = straggler(combine(windows(2, fast, slow)))["ms_per_step"]
+    out = {"reference_ms": ctx["reference_ms"], "paths": {}}
+    failed = False
+    for name in args.paths.split(","):
+        rows = []
+        for n in sizes:
+            if rows and rows[-1]["seconds"] > args.budget:
+                rows.append({"ranks": n, "skipped": f"the {rows[-1]['ranks']}-rank run took over {args.budget:g} s"})
+                break
+            row = {"ranks": n, **PATHS[name](n, ctx)}
+            rows.append(row)
+            failed |= row["check"] != "ok"
+            print(f"{name:13} {n:6d} ranks {row['seconds']:9.3f} s  {row['peak_bytes'] / 2**20:8.1f} MiB peak  "
+                  f"{row.get('bytes', 0) / 1e6:9.2f} MB  {row['check']}", flush=True)
+        ran = [r for r in rows if "seconds" in r]
+        out["paths"][name] = {"rows": rows, "exponent": exponent(ran)}
+        print(f"{name:13} exponent from 1,024 ranks: {out['paths'][name]['exponent']}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,10 @@ import pytest
 # happens here, once, while the lane is collected, not inside whichever test would import it first
 import torch.distributed  # noqa: F401
 
+# matplotlib's first import on a machine without its font cache asks fontconfig for the fonts (`fc-list`) to
+# build it: likewise here, once, not in the first test that draws a plot
+import matplotlib.font_manager  # noqa: F401,E402
+
 
 class ProcessStarted(RuntimeError):
     """A test of the fast lane tried to start a process."""

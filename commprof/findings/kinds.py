@@ -53,6 +53,19 @@ LINK_SHARE = 0.5
 LINK_MIN_US = 100.0
 """The least time an op's bytes take at the link's rate for `link` to judge it: a smaller op's time is its
 latency, not the link's bandwidth."""
+PEERS_SHOWN = 8
+"""A straggler's peers named with their wait: the longest waits; the rest summed up (at 16,384 ranks a
+paragraph naming every peer was 16,000 lines)."""
+
+
+def top_peers(waits: dict) -> dict:
+    """A straggler's evidence of its peers' waits {rank: ms}: the PEERS_SHOWN longest by name
+    (`peers_wait_ms`), and `peers` (how many, the median and the least wait) for all of them."""
+    shown = sorted(waits.items(), key=lambda kv: (-kv[1], kv[0]))[:PEERS_SHOWN]
+    values = sorted(waits.values())
+    return {"peers_wait_ms": dict(sorted(shown)),
+            "peers": {"count": len(values), "median_wait_ms": median(values), "least_wait_ms": values[0]
+                      if values else 0.0}}
 
 
 def find(m: Measured, *, threshold: float = THRESHOLD, link: Fabric | None = None,
@@ -89,7 +102,7 @@ def _stragglers(m: Measured, a: Analysis, threshold: float) -> list[dict]:
             continue
         met = [x for x in a.arrivals if s.rank in x.parties]
         evidence = {"last_at_share": sum(x.last == s.rank for x in met) / len(met) if met else 0.0,
-                    "peers_wait_ms": {r.rank: r.waiting_ms.get(s.rank, 0.0) for r in a.ranks if r.rank != s.rank},
+                    **top_peers({r.rank: r.waiting_ms.get(s.rank, 0.0) for r in a.ranks if r.rank != s.rank}),
                     "busy_ms": s.busy_ms, "others_busy_ms": median(r.busy_ms for r in a.ranks if r.rank != s.rank),
                     "spread_ms_median": median(x.spread_ms for x in met if x.last == s.rank),
                     "ms_per_step_ci95": median_ci(costs),

@@ -53,6 +53,9 @@ def _what(f: dict) -> str:
     ms, share, e = f["ms_per_step"], f["share_of_step"] * 100, f["evidence"]
     if f["kind"] == "straggler":
         peers = ", ".join(f"rank {r} {w:.1f} ms" for r, w in sorted(e["peers_wait_ms"].items(), key=_rank))
+        more = (e.get("peers") or {}).get("count", 0) - len(e["peers_wait_ms"])
+        if more > 0:  # the longest waits are named; the rest in one figure, at any world size
+            peers += f" and {more} more, the median peer {e['peers']['median_wait_ms']:.1f} ms"
         lo, hi = e.get("ms_per_step_ci95") or (ms, ms)
         last = (f"rank {f['rank']} arrives last at {e['last_at_share'] * 100:.0f} % of its ops; "
                 if "last_at_share" in e else f"rank {f['rank']} is late (each rank's own and blocked time a step); ")

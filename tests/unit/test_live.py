@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tracemalloc
 import urllib.request
@@ -14,12 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from commprof.errors import UsageError
+from commprof.findings.kinds import PEERS_SHOWN
 from commprof.live import export
 from commprof.live.combine import Held, combine
 from commprof.live.config import add_live_flags, live_config
 from commprof.live.export import LiveLog, Metrics
 from commprof.live.window import DURATION_BUCKETS_S, Fold, size_bucket
 from commprof.report import live_log
+from commprof.report.findings_block import findings_text
 
 MS = 1_000_000
 
@@ -87,6 +90,33 @@ def test_a_straggler_is_named_with_its_cost_and_a_balanced_window_names_none():
     balanced = combine(_windows([10.0, 10.0, 10.0], [0.2, 0.2, 0.2], jitter=0.3, seed=3))
     assert not [f for f in balanced["findings"] if f["kind"] == "straggler"]
     assert [r["waiting_ms"] for r in job["ranks"]][1] == 0.0
+
+
+def test_the_others_median_and_most_are_those_of_every_other_rank_ties_and_odd_counts_too():
+    import numpy as np
+
+    from commprof.live.combine import others_max, others_median
+
+    rnd = random.Random(5)
+    for n in (2, 3, 4, 7, 10):
+        values = np.array([[float(rnd.choice((1, 2, 2, 3, 5))) for _ in range(6)] for _ in range(n)])
+        for r in range(n):
+            for i in range(6):
+                rest = [values[k, i] for k in range(n) if k != r]
+                assert others_median(values)[r, i] == statistics.median(rest)
+                assert others_max(values)[r, i] == max(rest)
+
+
+def test_a_straggler_among_many_ranks_names_its_longest_waiting_peers_and_counts_the_rest():
+    n = 40
+    job = combine(_windows([10.0] * (n - 1) + [40.0], [31.0] * (n - 1) + [1.0], jitter=0.5))
+    found = [f for f in job["findings"] if f["kind"] == "straggler"]
+    assert [f["rank"] for f in found] == [n - 1] and found[0]["ms_per_step"] == pytest.approx(30.0, abs=1.5)
+    e = found[0]["evidence"]
+    assert len(e["peers_wait_ms"]) == PEERS_SHOWN and e["peers"]["count"] == n - 1
+    assert min(e["peers_wait_ms"].values()) >= e["peers"]["median_wait_ms"] >= e["peers"]["least_wait_ms"] > 25
+    text = findings_text({"items": found, "threshold": 0.03}).plain
+    assert f"and {n - 1 - PEERS_SHOWN} more, the median peer" in text and text.count("rank ") < 12
 
 
 def test_exposed_comm_is_the_transfer_nobody_waited_for_a_peer_in():

@@ -8,10 +8,12 @@ figures with ±JITTER of scheduling noise of its own. Every path runs commprof's
   live_combine    live/combine.py `combine`: one window of --window steps of every rank, into the job's window
                   and its findings (the windows folded by live/window.py's Fold from the recorded iterations)
   live_collect    comm/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
-                  real TCPStore served in this process (the ranks' posts made beforehand by client threads)
+                  real TCPStore served in this process (the ranks' posts made beforehand by client threads);
+                  the store's keys left after it (none: what was read is gone)
   scrape          live/export.py `Metrics`: one HTTP scrape of the endpoint after one combined window
   states          comm/control.py `ControlPlane.states`: every rank's flight-recorder snapshot (comm/flight.py's
-                  shape, the world group's member list in it) read back from the store on a failure
+                  shape, the world group's member list in it) read back from the store on a failure; the
+                  resident growth of this process, the store's server, as they were posted
 
 Each path checks what it produced: the slowed rank named a straggler with its cost within 15 % of what the
 same path gives the 2-rank job, every rank's window read back. A path whose last size took longer than
@@ -113,9 +115,11 @@ def live_collect(n: int, ctx: dict) -> dict:
     ws = windows(n, ctx["fast"], ctx["slow"])
     post(clients, [(lambda c, w=w: _post_window(c, n, w)) for w in ws])
     rss0 = rss()
-    took, peak, got = measure(lambda: plane.windows(0, list(range(n))))
-    return {"seconds": took, "peak_bytes": peak, "bytes": sum(len(json.dumps(w)) for w in got.values()),
-            "rss_growth_bytes": max(0, rss() - rss0), "check": "ok" if len(got) == n else f"read {len(got)} of {n}"}
+    took, peak, got = measure(lambda: plane.windows(0, n))
+    left = store.num_keys()
+    return {"seconds": took, "peak_bytes": peak, "bytes": sum(len(json.dumps(w)) for w in got),
+            "store_keys_after": left, "check": "ok" if len(got) == n and {w["rank"] for w in got} == set(range(n))
+            else f"read {len(got)} of {n}"}
 
 
 def _post_window(store, n: int, w: dict) -> None:
@@ -140,6 +144,7 @@ def scrape(n: int, ctx: dict) -> dict:
 
 
 def states(n: int, ctx: dict) -> dict:
+    from commprof.comm import flight
     from commprof.comm.control import ControlPlane
 
     plane, store, clients = serve(n)
@@ -153,9 +158,14 @@ def states(n: int, ctx: dict) -> dict:
     rss0 = rss()
     post(clients, [(lambda c, r=r: post_state(c, r)) for r in range(n)])
     grown = max(0, rss() - rss0)
-    took, peak, got = measure(lambda: plane.states(within_s=0.0))
-    return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(snap)) * n, "store_growth_bytes": grown,
-            "check": "ok" if len(got) == n else f"read {len(got)} of {n}"}
+    def claimant():  # what the claimant does with them (comm/watchdog.py): read, and look for a desync
+        got = plane.states(within_s=0.0)
+        return got, flight.first_divergence(got)
+
+    took, peak, (got, desync) = measure(claimant)
+    whole = len(got) == n and all(got[r]["groups"]["world"] == [[0, n - 1]] for r in (0, n - 1))
+    return {"seconds": took, "peak_bytes": peak, "store_growth_bytes": grown,
+            "check": "ok" if whole and desync is None else f"read {len(got)} of {n}, desync {desync}"}
 
 
 PATHS = {"live_combine": live_combine, "live_collect": live_collect, "scrape": scrape, "states": states}

@@ -6,7 +6,9 @@ client of its own: `meeting`).
 On gloo/NCCL it is a second client of the rendezvous store; on MPI rank 0 serves a new one and tells the
 others where over MPI, once, at start. Keys (all under `commprof/`):
   failure        the first rank to see a failure claims it (compare-and-set: one winner)
-  state/<rank>   each rank's flight-recorder snapshot, posted once a failure is claimed
+  states         every rank's flight-recorder snapshot, one line each, posted once a failure is claimed
+                 (states/n counts them: rank 0 reads them all in one call, whatever the world size)
+  live/<i>       the ranks' live window i, one line each (live/<i>/n counts them), read and removed whole
   verdict        the winner's conclusion — exit code and one line — that every rank exits with
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
   go             every rank acked: all exit now, together (the others wait on it, woken by the store)
@@ -27,6 +29,8 @@ import socket
 import threading
 import time
 from datetime import timedelta
+
+from commprof.comm.flight import runs
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
@@ -100,35 +104,50 @@ class ControlPlane:
         return {r: json.loads(self._store.get(k)) for r, k in keys.items() if self._store.check([k])}
 
     def post_state(self, snap: dict) -> None:
-        self._store.set(f"{PREFIX}state/{self.rank}", json.dumps(snap))
+        """This rank's flight-recorder snapshot (comm/flight.py), for the claimant to read with every other's."""
+        self._post(PREFIX + "states", {**snap, "groups": {k: runs(v) for k, v in snap["groups"].items()}})
+        # the member lists as runs: comm/flight.py's first_divergence reads them so, and a list per rank of
+        # the world's every rank made the claimant's read N^2
 
     def states(self, *, within_s: float) -> dict[int, dict]:
-        """Every rank's posted snapshot, waiting at most `within_s` for the ones not posted yet."""
-        out: dict[int, dict] = {}
+        """Every rank's posted snapshot, waiting at most `within_s` for the ones not posted yet: one call a
+        poll to count them and one to read them, not a call per rank. Each group's members as
+        comm/flight.py's `runs`."""
         deadline = time.monotonic() + within_s
-        while True:
-            for r in range(self.world_size):
-                key = f"{PREFIX}state/{r}"
-                if r not in out and self._store.check([key]):
-                    out[r] = json.loads(self._store.get(key))
-            if len(out) == self.world_size or time.monotonic() > deadline:
-                return out
+        while self._count(PREFIX + "states") < self.world_size and time.monotonic() <= deadline:
             time.sleep(0.05)
+        return {snap["rank"]: snap for snap in self._read(PREFIX + "states")}
 
     def post_window(self, index: int, window: dict) -> None:
         """This rank's live window `index` (live/monitor.py), for rank 0 to combine."""
-        self._store.set(f"{PREFIX}live/{index}/{self.rank}", json.dumps(window))
+        self._post(f"{PREFIX}live/{index}", window)
 
-    def windows(self, index: int, ranks: list[int]) -> dict[int, dict]:
-        """{rank: its live window `index`} of those of `ranks` that posted it; each one read leaves the store,
-        which holds no more than the windows not yet combined."""
-        out = {}
-        for r in ranks:
-            key = f"{PREFIX}live/{index}/{r}"
-            if self._store.check([key]):
-                out[r] = json.loads(self._store.get(key))
-                self._store.delete_key(key)
+    def windows(self, index: int, expected: int, *, now: bool = False) -> list[dict]:
+        """The ranks' live windows `index`, once `expected` of them are posted (or, `now`, those that are):
+        read and removed from the store in one go, which so holds no more than the windows not yet combined.
+        [] while fewer are there."""
+        key = f"{PREFIX}live/{index}"
+        count = self._count(key)
+        if not count or (count < expected and not now):
+            return []
+        out = self._read(key)
+        self._store.delete_key(key)
+        self._store.delete_key(key + "/n")
         return out
+
+    def _post(self, key: str, doc: dict) -> None:
+        """One line appended to `key`, then counted: a reader that sees the count sees the line."""
+        self._store.append(key, json.dumps(doc, separators=(",", ":")) + "\n")
+        self._store.add(key + "/n", 1)
+
+    def _count(self, key: str) -> int:
+        return self._store.add(key + "/n", 0)
+
+    def _read(self, key: str) -> list[dict]:
+        if not self._store.check([key]):
+            return []
+        lines = self._store.get(key).decode().splitlines()
+        return json.loads("[" + ",".join(line for line in lines if line) + "]")  # one parse, not one a line
 
     def post_verdict(self, code: int, message: str) -> None:
         self._store.set(PREFIX + "verdict", json.dumps({"code": code, "message": message}))

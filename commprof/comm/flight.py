@@ -17,6 +17,7 @@ Exercised by: `pytest tests/unit/test_failure_diagnosis.py tests/test_failures.p
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 
 from commprof.comm.dtypes import dtype_name
@@ -50,9 +51,10 @@ def first_divergence(snapshots: dict[int, dict]) -> str | None:
     groups: dict[tuple, list[int]] = {}
     for rank, snap in snapshots.items():
         for label, members in snap["groups"].items():
-            groups.setdefault((label, tuple(members)), [])
-            if rank in members:
-                groups[(label, tuple(members))].append(rank)
+            spans = tuple(map(tuple, members if members and isinstance(members[0], list) else runs(members)))
+            groups.setdefault((label, spans), [])
+            if _within(rank, spans):
+                groups[(label, spans)].append(rank)
     found = []
     for (label, _members), ranks in sorted(groups.items()):
         if len(ranks) < 2:
@@ -83,14 +85,41 @@ def _diverges(label: str, seq: int, at: dict, last: dict, snapshots: dict) -> st
     parts = []
     for call in dict.fromkeys(made[r] for r in sorted(made)):
         who = [r for r in sorted(made) if made[r] == call]
-        parts.append(f"{_ranks(who)} called {describe(*call)}")
+        parts.append(f"{name_ranks(who)} called {describe(*call)}")
     for r in absent:
-        parts.append(f"{_ranks([r])} called nothing at this seq (it is in {snapshots[r]['busy']})")
+        parts.append(f"{name_ranks([r])} called nothing at this seq (it is in {snapshots[r]['busy']})")
     return f"desync at {first[0]} seq {seq} ({label}): " + ", ".join(parts)
 
 
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+RUNS_SHOWN = 8
+"""Runs of consecutive ranks a line names; the rest counted."""
+
+
+def name_ranks(ranks: list[int]) -> str:
+    """`ranks` (sorted) as one short phrase at any world size: "rank 3", "ranks 0, 2", "ranks 0-4094, 4096-16383"."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    spans = runs(ranks)
+    text = ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans[:RUNS_SHOWN])
+    more = sum(b - a + 1 for a, b in spans[RUNS_SHOWN:])
+    return f"ranks {text}" + (f" and {more} more" if more else "")
+
+
+def runs(ranks) -> list[list[int]]:
+    """Sorted ranks as runs [first, last] of consecutive ones: the world group of 16,384 ranks is one pair, not
+    16,384 numbers in every rank's snapshot on the control plane."""
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def _within(rank: int, spans: tuple) -> bool:
+    k = bisect_right(spans, (rank, float("inf"))) - 1
+    return k >= 0 and spans[k][0] <= rank <= spans[k][1]
 
 
 def dump(folder: str | Path, snap: dict) -> Path:

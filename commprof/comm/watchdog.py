@@ -294,8 +294,8 @@ def _verdict(code: int, message: str, states: dict, world_size: int, me: int) ->
         return 4, desync
     silent = [r for r in range(world_size) if r not in states]
     idle = [r for r, snap in sorted(states.items()) if not snap["busy"] and r != me]
-    if silent:
-        message += f"; rank {', '.join(map(str, silent))} did not answer on the control plane"
+    if silent:  # one short phrase however many: ranks as runs, the rest counted (flight.name_ranks)
+        message += f"; {flight.name_ranks(silent)} did not answer on the control plane"
     if idle:
-        message += f"; rank {', '.join(map(str, idle))} was in no op"
+        message += f"; {flight.name_ranks(idle)} was in no op"
     return code, message

@@ -122,14 +122,15 @@ class Live:
         while self.pending:
             index = min(self.pending)
             have = self.pending[index]
-            missing = [r for r in range(self.world_size) if r not in have]
-            if missing and self.control is not None and not self.control.gone:
-                try:
-                    have.update(self.control.windows(index, missing))
+            late = time.monotonic() >= deadline
+            give_up = len(self.pending) > MAX_PENDING or (within_s and late)
+            if len(have) < self.world_size and self.control is not None and not self.control.gone:
+                try:  # every other rank's at once, when all are there (or, giving up, those that are)
+                    have.update((w["rank"], w) for w in self.control.windows(
+                        index, self.world_size - len(have), now=give_up))
                 except Exception:  # rank 0's own store: it answers while this process lives, unless stopped
                     pass
-            late = time.monotonic() >= deadline
-            if len(have) == self.world_size or len(self.pending) > MAX_PENDING or (within_s and late):
+            if len(have) == self.world_size or give_up:
                 self._export(combine(list(self.pending.pop(index).values()), link=self.link))
             elif late:
                 return

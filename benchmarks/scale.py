@@ -106,8 +106,7 @@ def live_combine(n: int, ctx: dict) -> dict:
 
     ws = windows(n, ctx["fast"], ctx["slow"])
     took, peak, job = measure(lambda: combine(ws))
-    found = straggler(job)
-    return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(job)), "check": check(found, n, ctx)}
+    return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(job)), "straggler": named(straggler(job))}
 
 
 def live_collect(n: int, ctx: dict) -> dict:
@@ -168,7 +167,82 @@ def states(n: int, ctx: dict) -> dict:
             "check": "ok" if whole and desync is None else f"read {len(got)} of {n}, desync {desync}"}
 
 
-PATHS = {"live_combine": live_combine, "live_collect": live_collect, "scrape": scrape, "states": states}
+def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
+    """n ranks' trace events: rank n-1 the recorded slowed rank's file, the others the recorded rank 0's, each
+    span's duration jittered (issue times kept: the ranks met as recorded), the measured iterations repeated
+    to `iterations` one after another, each rank's own pid, rank, host and world group."""
+    from commprof.record.merge import load
+
+    rnd = random.Random(seed)
+    recorded = [load(RECORDED / f"rank{r}.trace.json") for r in (0, 1)]
+    out = []
+    for rank in range(n):
+        src = recorded[1 if rank == n - 1 else 0]
+        measured = next(e for e in src if e.get("name") == "measured")
+        its = [e for e in src if e.get("cat") == "iteration" and e["name"] != "measured" and e["ts"] >= measured["ts"]]
+        t0, t1 = its[0]["ts"], its[-1]["ts"] + its[-1]["dur"]
+        body = [e for e in src if e.get("ph") == "X" and t0 <= e["ts"] <= t1 and e["name"] != "measured"]
+        head = [e for e in src if e.get("ph") == "M" or (e.get("ph") == "X" and e["ts"] < t0)]
+        events = []
+        for e in head:
+            e = copy.deepcopy(e)
+            if e.get("name") == "clock_sync":
+                e["args"].update(rank=rank, world_size=n, host=f"node{rank // PER_HOST}")
+            if e.get("name") == "thread_name" and "members" in e["args"]:
+                e["args"]["members"] = list(range(n))
+            if e.get("name") == "process_name":
+                e["args"]["name"] = f"rank {rank} (node{rank // PER_HOST})"
+            events.append(e)
+        span, k, count = t1 - t0, 0, 0
+        while count < iterations:
+            shift = k * span
+            for e in body:
+                if e.get("cat") == "iteration":
+                    count += 1
+                    if count > iterations:
+                        break
+                d = {**e, "ts": round(e["ts"] + shift, 3), "dur": round(e["dur"] * rnd.uniform(1 - JITTER, 1 + JITTER)
+                                                                         if e.get("cat") != "iteration" else e["dur"], 3)}
+                if e.get("cat") == "iteration":
+                    d["name"] = f"iteration {count}"
+                events.append(d)
+            k += 1
+        end = max(e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X")
+        events.append({**measured, "ts": t0, "dur": end - t0})
+        for e in events:
+            e["pid"] = rank + 1
+        out.append(events)
+    return out
+
+
+def findings(n: int, ctx: dict) -> dict:
+    """A traced job's end on rank 0: the merged trace written (record/merge.py) and its findings
+    (findings/kinds.py `of_trace`), from the ranks' files in a folder of their own."""
+    import shutil
+    import tempfile
+
+    from commprof.findings.kinds import of_trace
+    from commprof.record.merge import write_merged
+
+    folder = Path(tempfile.mkdtemp(prefix="scale-"))
+    try:
+        per_rank = rank_events(n, ctx["iterations"])
+        took_merge, peak_merge, path = measure(lambda: write_merged(folder, per_rank, None))
+        del per_rank
+        took, peak, block = measure(lambda: of_trace(str(folder)))
+        if block.get("items") is None:
+            return {"seconds": took, "peak_bytes": peak, "check": block["why"]}
+        found = next((f for f in block["items"] if f["kind"] == "straggler"), None)
+        return {"seconds": took + took_merge, "peak_bytes": max(peak, peak_merge), "merge_seconds": took_merge,
+                "findings_seconds": took, "bytes": path.stat().st_size, "straggler": named(found)}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+PATHS = {"live_combine": live_combine, "live_collect": live_collect, "scrape": scrape, "states": states,
+         "findings": findings}
+FINDS = ("live_combine", "findings")
+"""The paths that name a straggler: each checked against its own 2-rank figure."""
 
 
 # ---- measuring ----------------------------------------------------------------------------------------
@@ -192,15 +266,21 @@ def measure(fn):
     return took, max(peak[0], rss() - base), out
 
 
-def check(found: dict | None, n: int, ctx: dict) -> str:
-    """'ok' when the slowed rank is the straggler at a cost within TOLERANCE of the 2-rank job's."""
+def named(found: dict | None) -> list | None:
+    return None if found is None else [found["rank"], found["ms_per_step"]]
+
+
+def check(row: dict, n: int, reference: list | None) -> str:
+    """'ok' when the slowed rank is the straggler at a cost within TOLERANCE of the same path's at 2 ranks."""
+    if "check" in row:
+        return row["check"]
+    found = row.get("straggler")
     if found is None:
         return "no straggler found"
-    if found["rank"] != n - 1:
-        return f"straggler named rank {found['rank']}, not {n - 1}"
-    ref = ctx["reference_ms"]
-    if abs(found["ms_per_step"] - ref) > TOLERANCE * ref:
-        return f"cost {found['ms_per_step']:.1f} ms/step, the 2-rank job's {ref:.1f}"
+    if found[0] != n - 1:
+        return f"straggler named rank {found[0]}, not {n - 1}"
+    if reference is None or abs(found[1] - reference[1]) > TOLERANCE * reference[1]:
+        return f"cost {found[1]:.1f} ms/step, the 2-rank job's {reference}"
     return "ok"
 
 
@@ -246,6 +326,7 @@ def main() -> int:
     p = parser(__doc__, json="scale-results.json")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
     p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--iterations", type=int, default=11, help="measured iterations of the traced job (findings)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds a path's run may take before its larger sizes are left out")
     args = parse(p, QUICK)
@@ -253,23 +334,24 @@ def main() -> int:
     fast, slow = recorded_windows(WINDOW)
     from commprof.live.combine import combine
 
-    ctx = {"fast": fast, "slow": slow}
-    ctx["reference_ms"] = straggler(combine(windows(2, fast, slow)))["ms_per_step"]
-    out = {"reference_ms": ctx["reference_ms"], "paths": {}}
+    ctx = {"fast": fast, "slow": slow, "iterations": args.iterations}
+    out = {"iterations": args.iterations, "window": WINDOW, "paths": {}}
     failed = False
     for name in args.paths.split(","):
+        reference = PATHS[name](2, ctx).get("straggler")  # the 2-rank job the world was made from
         rows = []
         for n in sizes:
             if rows and rows[-1]["seconds"] > args.budget:
                 rows.append({"ranks": n, "skipped": f"the {rows[-1]['ranks']}-rank run took over {args.budget:g} s"})
                 break
             row = {"ranks": n, **PATHS[name](n, ctx)}
+            row["check"] = check(row, n, reference) if name in FINDS else row.get("check", "ok")
             rows.append(row)
             failed |= row["check"] != "ok"
             print(f"{name:13} {n:6d} ranks {row['seconds']:9.3f} s  {row['peak_bytes'] / 2**20:8.1f} MiB peak  "
                   f"{row.get('bytes', 0) / 1e6:9.2f} MB  {row['check']}", flush=True)
         ran = [r for r in rows if "seconds" in r]
-        out["paths"][name] = {"rows": rows, "exponent": exponent(ran)}
+        out["paths"][name] = {"rows": rows, "exponent": exponent(ran), "two_ranks": reference}
         print(f"{name:13} exponent from 1,024 ranks: {out['paths'][name]['exponent']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

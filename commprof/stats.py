@@ -5,6 +5,7 @@ or rank0: the first rank's own (nccl-tests' -a 0).
 p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
 median_ci: the 95 % confidence interval of a median (benchmarks' rounds, findings' iterations).
+others_median, others_max: every rank's peers' median and most, step by step, from each step's sorted column.
 Exercised by: `pytest tests/unit/test_units_stats.py -k summarize`.
 """
 
@@ -55,3 +56,33 @@ def median_ci(values: Sequence[float]) -> list[float]:
     v, n = sorted(values), len(values)
     half = 1.96 * n ** 0.5 / 2
     return [v[max(0, int(n / 2 - half))], v[min(n - 1, int(n / 2 + half))]]
+
+
+def others_median(values: np.ndarray) -> np.ndarray:
+    """values[rank, step] -> the median of the other ranks' values at each rank and step (statistics.median's:
+    the mean of the two middle ones of an even count), from each step's sorted column."""
+    n = values.shape[0]
+    order = np.argsort(values, axis=0, kind="stable")
+    column = np.take_along_axis(values, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n)[:, None].repeat(values.shape[1], axis=1), axis=0)
+
+    def without(j):  # the j-th smallest once each rank's own value is left out
+        return np.take_along_axis(column, np.where(j < pos, j, j + 1), axis=0)
+
+    m = n - 1
+    if m % 2:
+        return without(np.full_like(pos, m // 2))
+    return (without(np.full_like(pos, m // 2 - 1)) + without(np.full_like(pos, m // 2))) / 2
+
+
+def others_max(values: np.ndarray) -> np.ndarray:
+    """values[rank, step] -> the largest of the other ranks' values at each rank and step."""
+    top = np.argmax(values, axis=0)
+    first = values.max(axis=0)
+    rest = values.copy()
+    rest[top, np.arange(values.shape[1])] = -np.inf
+    second = rest.max(axis=0)
+    out = np.broadcast_to(first, values.shape).copy()
+    out[top, np.arange(values.shape[1])] = second
+    return out

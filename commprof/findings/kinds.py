@@ -36,13 +36,15 @@ Exercised by: `pytest tests/unit/test_findings_recorded.py tests/test_findings.p
 
 from __future__ import annotations
 
+import numpy as np
+
 from commprof.findings import slices, whatif
 from commprof.findings.arrivals import Analysis, analyze, median
 from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.perfmodel.timeline import Measured
-from commprof.stats import median_ci
+from commprof.stats import median_ci, others_median
 
 THRESHOLD = 0.03
 """Smallest share of the step a finding must cost to be reported."""
@@ -90,25 +92,30 @@ def _stragglers(m: Measured, a: Analysis, threshold: float) -> list[dict]:
     others' median (a rank late because its previous op ended later is not a straggler); the finding's
     figure is the median over iterations, and it is reported only when the lower end of that median's
     95 % confidence interval reaches the threshold (the scheduling noise of a busy machine does not)."""
+    ranks = len(a.ranks)
+    busy = np.array([[it[r].busy_ms for it in a.per_iteration] for r in range(ranks)], dtype=np.float64)
+    # the longest any peer waited for each rank, each iteration: one pass over every rank's waits
+    waited = np.zeros_like(busy)
+    for i, it in enumerate(a.per_iteration):
+        for r in it:
+            for who, ms in r.waiting_ms.items():
+                if who != r.rank and ms > waited[who, i]:
+                    waited[who, i] = ms
+    costs = np.maximum(0.0, np.minimum(waited, busy - others_median(busy))) if ranks > 1 else np.zeros_like(busy)
     out = []
-    for s in a.ranks:
-        costs = []
-        for it in a.per_iteration:
-            mine = it[s.rank]
-            peers = [r.waiting_ms.get(s.rank, 0.0) for r in it if r.rank != s.rank]
-            excess = mine.busy_ms - median(r.busy_ms for r in it if r.rank != s.rank)
-            costs.append(max(0.0, min(max(peers, default=0.0), excess)))
-        if median_ci(costs)[0] < threshold * a.step_ms or median(costs) <= 0:
+    for s, mine in zip(a.ranks, costs.tolist()):
+        # the interval's lower end is at most the median: the median's test first, the interval's sort after
+        if median(mine) <= 0 or median(mine) < threshold * a.step_ms or median_ci(mine)[0] < threshold * a.step_ms:
             continue
         met = [x for x in a.arrivals if s.rank in x.parties]
         evidence = {"last_at_share": sum(x.last == s.rank for x in met) / len(met) if met else 0.0,
                     **top_peers({r.rank: r.waiting_ms.get(s.rank, 0.0) for r in a.ranks if r.rank != s.rank}),
                     "busy_ms": s.busy_ms, "others_busy_ms": median(r.busy_ms for r in a.ranks if r.rank != s.rank),
                     "spread_ms_median": median(x.spread_ms for x in met if x.last == s.rank),
-                    "ms_per_step_ci95": median_ci(costs),
+                    "ms_per_step_ci95": median_ci(mine),
                     "late_ops_priced_aligned": whatif.priced_aligned(a, s.rank)}
         without = whatif.without_straggler(m, a, s.rank)
-        out.append(_finding("straggler", a, median(costs), without, rank=s.rank, evidence=evidence,
+        out.append(_finding("straggler", a, median(mine), without, rank=s.rank, evidence=evidence,
                             step_without_lower_bound=evidence["late_ops_priced_aligned"] < 1.0))
     return out
 

@@ -112,12 +112,13 @@ def _lags(programs: tuple[Program, ...]) -> dict[tuple, float]:
     for p in programs:
         for _, end, op in p.spans:
             ends.setdefault(op.key, {})[p.rank] = end
+    first = {key: min(by_rank.values()) for key, by_rank in ends.items()}  # once an op, not once a block
     out = {}
     for p in programs:
         for op, blocked, _ in p.blocks:
             by_rank = ends.get(op.key, {})
             if p.rank in by_rank:
-                lag = (by_rank[p.rank] - max(blocked, min(by_rank.values()))) / 1e3
+                lag = (by_rank[p.rank] - max(blocked, first[op.key])) / 1e3
                 out[(op.key, p.rank)] = max(out.get((op.key, p.rank), 0.0), lag)
     return out
 

@@ -39,7 +39,7 @@ from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.report.live_log import finding_key
-from commprof.stats import median_ci
+from commprof.stats import median_ci, others_max, others_median
 
 MIN_SIZES = 3
 """Sizes on the bus a window's collectives must span for its α–β fit: a DDP job's two buckets would give a line
@@ -103,36 +103,6 @@ def _straggler(ranks: list[dict], step_ms: float, threshold: float) -> list[dict
         out.append(_finding("straggler", float(ms[k]), step_ms, rank=w["rank"], host=w["host"], evidence={
             **peers, "busy_ms": w["busy_ms"], "others_busy_ms": float(others_busy[k]),
             "ms_per_step_ci95": median_ci(costs[k].tolist())}))
-    return out
-
-
-def others_median(values: np.ndarray) -> np.ndarray:
-    """values[rank, step] -> the median of the other ranks' values at each rank and step (statistics.median's:
-    the mean of the two middle ones of an even count), from each step's sorted column."""
-    n = values.shape[0]
-    order = np.argsort(values, axis=0, kind="stable")
-    column = np.take_along_axis(values, order, axis=0)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(n)[:, None].repeat(values.shape[1], axis=1), axis=0)
-
-    def without(j):  # the j-th smallest once each rank's own value is left out
-        return np.take_along_axis(column, np.where(j < pos, j, j + 1), axis=0)
-
-    m = n - 1
-    if m % 2:
-        return without(np.full_like(pos, m // 2))
-    return (without(np.full_like(pos, m // 2 - 1)) + without(np.full_like(pos, m // 2))) / 2
-
-
-def others_max(values: np.ndarray) -> np.ndarray:
-    """values[rank, step] -> the largest of the other ranks' values at each rank and step."""
-    top = np.argmax(values, axis=0)
-    first = values.max(axis=0)
-    rest = values.copy()
-    rest[top, np.arange(values.shape[1])] = -np.inf
-    second = rest.max(axis=0)
-    out = np.broadcast_to(first, values.shape).copy()
-    out[top, np.arange(values.shape[1])] = second
     return out
 
 

@@ -95,7 +95,7 @@ def test_a_straggler_is_named_with_its_cost_and_a_balanced_window_names_none():
 def test_the_others_median_and_most_are_those_of_every_other_rank_ties_and_odd_counts_too():
     import numpy as np
 
-    from commprof.live.combine import others_max, others_median
+    from commprof.stats import others_max, others_median
 
     rnd = random.Random(5)
     for n in (2, 3, 4, 7, 10):

@@ -171,6 +171,7 @@ def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
     """n ranks' trace events: rank n-1 the recorded slowed rank's file, the others the recorded rank 0's, each
     span's duration jittered (issue times kept: the ranks met as recorded), the measured iterations repeated
     to `iterations` one after another, each rank's own pid, rank, host and world group."""
+    from commprof.measurement import member_args
     from commprof.record.merge import load
 
     rnd = random.Random(seed)
@@ -188,8 +189,9 @@ def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
             e = copy.deepcopy(e)
             if e.get("name") == "clock_sync":
                 e["args"].update(rank=rank, world_size=n, host=f"node{rank // PER_HOST}")
-            if e.get("name") == "thread_name" and "members" in e["args"]:
-                e["args"]["members"] = list(range(n))
+            if e.get("name") == "thread_name" and "members" in e["args"]:  # as record/trace.py writes it
+                del e["args"]["members"]
+                e["args"].update(member_args(range(n)))
             if e.get("name") == "process_name":
                 e["args"]["name"] = f"rank {rank} (node{rank // PER_HOST})"
             events.append(e)

@@ -9,6 +9,8 @@ reaching into `commprof bench` or `commprof run`.
   BUBBLE_P2P    the point-to-point ops whose blocked time is pipeline bubble
   ALIGNED       what the aligned iteration's name carries after "iteration N" (record/aligned.py)
   SOURCES       the data source names `--data` takes
+  Members       a group's global ranks as one shared tuple whose hash is computed once; `member_args` and
+                `members_of` write and read them in a trace (runs of consecutive ranks for a large group)
 
 Imports nothing from commprof. Exercised by: `pytest tests/unit/test_units_stats.py tests/unit/test_breakdown.py
 -k "bus_factors or wire_factors"`.
@@ -85,3 +87,51 @@ def wire_factor(name: str, n: int) -> float:
     if name == "send":
         return 1.0
     return COLLECTIVES[name].bus_factor(n)
+
+
+class Members(tuple):
+    """A group's global ranks, hashed once: an op's key holds its group's members, and a tuple of 16,384 ranks
+    rehashed at every lookup made a job's analysis N^2. One instance is shared by every op of the group (a
+    dict's lookup then finds it by identity, never comparing the ranks)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+
+MEMBERS_LISTED = 64
+"""Groups up to this size have their members listed in a trace's thread name; larger ones as runs."""
+
+
+def member_args(members) -> dict:
+    """A trace's thread_name args for a group: {"members": [...]}, or {"member_runs": [[first, last], ...]}
+    above MEMBERS_LISTED ranks (the world group of 16,384 ranks is one pair, not 16,384 numbers per rank)."""
+    members = list(members)
+    if len(members) <= MEMBERS_LISTED:
+        return {"members": members}
+    runs: list[list[int]] = []
+    for r in members:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return {"member_runs": runs}
+
+
+def members_of(args: dict, known: dict | None = None) -> Members | None:
+    """The members `member_args` wrote (None: neither key); `known` shares one Members per group across the
+    ranks' files, looked up by the args' short form."""
+    runs = args.get("member_runs")
+    listed = args.get("members")
+    if runs is None and listed is None:
+        return None
+    form = tuple(map(tuple, runs)) if runs is not None else tuple(listed)
+    if known is not None and form in known:
+        return known[form]
+    got = Members(r for a, b in runs for r in range(a, b + 1)) if runs is not None else Members(listed)
+    if known is not None:
+        known[form] = got
+    return got
+

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commprof.errors import UsageError
-from commprof.measurement import ALIGNED
+from commprof.measurement import ALIGNED, Members, members_of
 from commprof.report.inputs import read_json, wrong_shape
 
 NOT_OURS = "neither a run JSON nor a commprof trace"
@@ -128,7 +128,8 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
                   for r in ranks)
     if ranks != list(range(len(ranks))) or not ranks:
         raise UsageError(f"{source}: the trace lacks ranks (it holds {ranks}): was the run cut short?")
-    found = [_rank_programs(by_rank[r], r, len(ranks), source) for r in ranks]
+    known = {}  # one Members per group, shared by every rank's ops: a key's lookup is then by identity
+    found = [_rank_programs(by_rank[r], r, len(ranks), source, known) for r in ranks]
     per_rank = [programs for programs, _ in found]
     # paired by name: a rank that counted its iterations differently pairs none wrongly
     names = sorted(set.intersection(*(set(a) for _, a in found)), key=lambda n: int(n.split()[1]))
@@ -143,8 +144,8 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
                     aligned=aligned)
 
 
-def _rank_programs(events: list[dict], rank: int, world_size: int,
-                   source: str) -> tuple[list[Program], dict[str, Program]]:
+def _rank_programs(events: list[dict], rank: int, world_size: int, source: str,
+                   known: dict) -> tuple[list[Program], dict[str, Program]]:
     """This rank's program of each measured iteration, and of each aligned one by its name."""
     threads = {e["tid"]: e["args"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     training = next((t for t, a in threads.items() if a["name"] == "training"), None)
@@ -152,7 +153,7 @@ def _rank_programs(events: list[dict], rank: int, world_size: int,
     measured = next((e for e in spans if e["name"] == "measured" and e.get("cat") == "iteration"), None)
     iterations = [e for e in spans if e.get("cat") == "iteration" and e["name"] != "measured"
                   and (measured is None or e["ts"] >= measured["ts"]) and not e["name"].endswith(ALIGNED)]
-    ops = _ops(events, threads, rank, world_size, source)
+    ops = _ops(events, threads, rank, world_size, source, known)
     blocking = [e for e in spans if e.get("cat") in ("comm", "bubble", "wait")]
     aligned = [e for e in spans if e.get("cat") == "iteration" and e["name"].endswith(ALIGNED)]
 
@@ -169,8 +170,10 @@ def _rank_programs(events: list[dict], rank: int, world_size: int,
     return [program(it) for it in iterations], {it["name"]: program(it) for it in aligned}
 
 
-def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, Op]]:
-    """Every op of this rank (µs start, µs end, Op), keyed to match across ranks, in issue order."""
+def _ops(events, threads, rank, world_size, source, known: dict) -> list[tuple[float, float, Op]]:
+    """Every op of this rank (µs start, µs end, Op), keyed to match across ranks, in issue order; `known`: the
+    groups' Members so far (measurement.members_of)."""
+    world = known.setdefault("world", Members(range(world_size)))
     raw = []
     for e in events:
         args = threads.get(e.get("tid")) or {}
@@ -178,7 +181,7 @@ def _ops(events, threads, rank, world_size, source) -> list[tuple[float, float, 
         if e.get("ph") != "X" or e.get("cat") != "comm" or not threaded:
             continue
         label = args["name"].split("(", 1)[1].rstrip(")")
-        members = tuple(args.get("members") or (range(world_size) if e["args"]["group_size"] == world_size else ()))
+        members = members_of(args, known) or (world if e["args"]["group_size"] == world_size else ())
         if not members:
             raise UsageError(f"{source}: group {label!r} has no member list (a trace of an older commprof): "
                              "trace the run again")

@@ -20,7 +20,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from commprof.measurement import COLLECTIVES, P2P
+from commprof.measurement import COLLECTIVES, P2P, members_of
 from commprof.report.files import write_atomic
 
 FLOWS = tuple(name for name in COLLECTIVES if name not in P2P)
@@ -33,13 +33,13 @@ to the slice that encloses it, and a slice's end is the next slice's start on a 
 def comm_ops(events: list[dict]) -> dict[tuple, dict[int, dict]]:
     """(group label, members, op, k) -> {pid: that rank's span of its k-th such op}, for the collectives of every
     group of two ranks or more, from the spans on each rank's comm threads (host or stream)."""
-    threads = {}
+    threads, known = {}, {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             name = e["args"]["name"]
             if name.startswith(("comm (", "stream: comm (")):
                 label = name.split("(", 1)[1][:-1]
-                threads[(e["pid"], e["tid"])] = (label, tuple(e["args"].get("members") or ()))
+                threads[(e["pid"], e["tid"])] = (label, members_of(e["args"], known) or ())
     issued: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
         group = threads.get((e.get("pid"), e.get("tid")))

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from commprof.measurement import member_args
 from commprof.record.annotate import ANNOTATOR
 from commprof.record.clock_sync import host_name, sync_clocks
 from commprof.record.gpu_trace import StreamSpans
@@ -174,7 +175,7 @@ class TraceRecorder:
         tid = self._threads.get((name, slot))
         if tid is None:
             tid = self._threads[(name, slot)] = 1_000_000 + len(self._threads)
-            args = {"name": name} if members is None else {"name": name, "members": list(members)}
+            args = {"name": name} if members is None else {"name": name, **member_args(members)}
             if slot:
                 args["slot"] = slot
             self._emit({"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid, "args": args})

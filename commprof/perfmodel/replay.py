@@ -215,7 +215,7 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 def _stream(op: Op) -> tuple:
     """Ops of one stream run one after another: a group's collectives, or one direction of a link."""
-    return op.key[:-1] if op.name in (SENDS, RECVS) else (op.label, op.members)
+    return op.key[:-1] if op.name in (SENDS, RECVS) else op.key[:2]  # (label, group)
 
 
 def _parties(op: Op) -> tuple[int, ...]:

@@ -1,9 +1,9 @@
 """The measured iterations of a run, read back from its Chrome trace as one program per rank: time the
 training thread was busy, the points where it issued each op, and the points where it blocked on one.
 
-Every op is named the same on every member of its group — (members, op, k) for the k-th such collective,
-(members, sender, receiver, k) for the k-th message of a pipeline link — so a replay can join the ranks
-again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on, and
+Every op is named the same on every member of its group — (label, group, op, k) for the k-th such
+collective, (label, group, sender, receiver, k) for the k-th message of a pipeline link, the group a number
+standing for its member list — so a replay can join the ranks again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on, and
 the last wait of a name and group in an iteration to every such op issued before it (a C++ reducer's one wait
 at the end of backward is on all of DDP's buckets: it blocks on each in turn, until the last completes); a
 blocking op blocks from its issue to the end of its own training-thread range.
@@ -190,13 +190,15 @@ def _ops(events, threads, rank, world_size, source, known: dict) -> list[tuple[f
     raw.sort()
     counts: dict[tuple, int] = defaultdict(int)
     out = []
+    ids = known.setdefault("ids", {})  # id(shared Members) -> a small number: a key hashes it, not the ranks
     for start, end, name, label, members, nbytes in raw:
+        group = ids.setdefault(id(members), len(ids))
         if name in (SENDS, RECVS) and len(members) == 2:
             peer = members[1] if members[0] == rank else members[0]
             src, dst = (rank, peer) if name == SENDS else (peer, rank)
-            ident = (label, members, src, dst)
+            ident = (label, group, src, dst)
         else:
-            ident = (label, members, name)
+            ident = (label, group, name)
         key = (*ident, counts[ident])
         counts[ident] += 1
         op = Op(key=key, name=name, label=label, members=members, nbytes=nbytes, measured_ms=(end - start) / 1e3)

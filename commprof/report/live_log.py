@@ -34,32 +34,47 @@ def finding_key(f: dict) -> str:
 
 
 def read(path: str, not_ours: str) -> dict:
-    """{"windows": [combined windows in order], "end": the end line's reason or None, "cut": lines left out}."""
+    """{"windows": [combined windows in order], "end": the end line's reason or None, "cut": lines left out},
+    read line by line: each window but the last keeps, of its per-rank figures, only what the tables show
+    (`summary`), so a log of any length and world size is held as a few hundred bytes a window."""
     windows, end, cut = [], None, 0
     for part in (path + ".1", path):
         if part != path and not os.path.isfile(part):
             continue
         try:
-            text = Path(part).read_text(encoding="utf-8")
+            with open(part, encoding="utf-8") as f:
+                for n, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError:
+                        cut += 1
+                        continue
+                    except RecursionError:  # nested past what the parser takes: no window of ours
+                        doc = None
+                    if not isinstance(doc, dict) or not ("end" in doc or {"window", "ranks", "findings"} <= set(doc)):
+                        raise UsageError(f"{part}: {not_ours} (line {n} is not a live window)")
+                    if "end" in doc:
+                        end = doc["end"]
+                        continue
+                    if windows:
+                        windows[-1]["ranks"] = summary(windows[-1]["ranks"])
+                    windows.append(doc)
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{part}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-        for n, raw in enumerate(text.splitlines(), 1):
-            if not raw.strip():
-                continue
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                cut += 1
-                continue
-            if not isinstance(doc, dict) or not ("end" in doc or {"window", "ranks", "findings"} <= set(doc)):
-                raise UsageError(f"{part}: {not_ours} (line {n} is not a live window)")
-            if "end" in doc:
-                end = doc["end"]
-            else:
-                windows.append(doc)
     if not windows:
         raise UsageError(f"{path}: {not_ours} (no live window in it)")
     return {"windows": windows, "end": end, "cut": cut}
+
+
+def summary(ranks: list | dict) -> dict:
+    """A window's per-rank figures as the windows table shows them: how many, the least and most busy, the
+    longest wait."""
+    if isinstance(ranks, dict):
+        return ranks
+    return {"count": len(ranks), "busy_min": min(r["busy_ms"] for r in ranks),
+            "busy_max": max(r["busy_ms"] for r in ranks), "waiting_max": max(r["waiting_ms"] for r in ranks)}
 
 
 def looks_live(path: str) -> bool:
@@ -72,10 +87,12 @@ def looks_live(path: str) -> bool:
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return False
-            doc = json.loads(f.readline(1 << 16))
-    except (OSError, ValueError, RecursionError):
+            head = f.readline(1 << 16)
+    except OSError:
         return False
-    return isinstance(doc, dict) and ("end" in doc or {"window", "ranks"} <= set(doc))
+    # a window's line is about 470 B a rank, past any fixed read at a few hundred ranks: its first key says
+    # what it is (live/export.py writes "window" or "end" first), and `read` checks every line whole
+    return head.startswith((b'{"window":', b'{"end":'))
 
 
 def runs(windows: list[dict]) -> list[dict]:
@@ -105,6 +122,7 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
 
     windows = doc["windows"]
     ranks = len(windows[-1]["ranks"])
+    last = windows[-1]["ranks"]
     console.print(f"live log: {len(windows)} window(s), steps {windows[0]['first_step']}-{windows[-1]['last_step']}, "
                   f"{ranks} rank(s); " + (f"ended: {doc['end']}" if doc["end"] else "no end line (still running, "
                                                                                    "or its rank 0 died)")
@@ -122,14 +140,14 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
     for name in ("steps", "step ms", "busy ms (min–max rank)", "waiting ms (max)", "top finding"):
         table.add_column(name, justify="left" if name in ("steps", "top finding") else "right")
     for w in shown:
-        busy = [r["busy_ms"] for r in w["ranks"]]
+        figures = summary(w["ranks"])
         top = w["findings"][0] if w["findings"] else None
         table.add_row(f"{w['first_step']}-{w['last_step']}", f"{w['step_ms']:.2f}",
-                      f"{min(busy):.2f}–{max(busy):.2f}", f"{max(r['waiting_ms'] for r in w['ranks']):.2f}",
+                      f"{figures['busy_min']:.2f}–{figures['busy_max']:.2f}", f"{figures['waiting_max']:.2f}",
                       "" if top is None else f"{top['kind']} {subject(top)} {top['ms_per_step']:.2f} ms "
                                              f"({top['share_of_step']:.0%})")
     console.print(table)
-    ops = sum(agg[0] for r in windows[-1]["ranks"] for agg in r["ops"].values())
+    ops = sum(agg[0] for r in last for agg in r["ops"].values())
     console.print(f"last window: {ops:,} op(s) over {ranks} rank(s)", highlight=False)
     return [plot(windows, Path(plot_dir) / "live.png")] if plot_dir else []
 

@@ -273,3 +273,30 @@ def test_each_window_gets_the_contention_of_its_own_span_however_late_the_others
     windows = [json.loads(line) for line in log.read_text().splitlines() if '"end"' not in line]
     assert [w["window"] for w in windows] == [0, 1]
     assert [w["contention"]["read"] for w in windows] == ["rank 1 behind"] * 2
+
+
+def test_report_reads_a_log_of_many_ranks_whose_lines_are_past_any_fixed_read(tmp_path, capsys):
+    from commprof import cli
+
+    n = 300  # about 470 B a rank: the first line is past 64 KiB
+    path = str(tmp_path / "live.jsonl")
+    log = LiveLog(path)
+    for k in range(3):
+        job = combine(_windows([10.0] * (n - 1) + [40.0], [31.0] * (n - 1) + [1.0], jitter=0.5, seed=k))
+        job["first_step"], job["last_step"] = 20 * k, 20 * k + 19
+        log.write(job)
+    log.end("complete")
+    assert len(open(path).readline()) > 1 << 16
+    assert cli.main(["report", path]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"live log: 3 window(s), steps 0-59, {n} rank(s); ended: complete" in out
+    assert f"straggler rank {n - 1}" in out
+    doc = live_log.read(path, "not a commprof result")
+    assert doc["windows"][0]["ranks"]["count"] == n and len(doc["windows"][-1]["ranks"]) == n
+
+
+def test_a_log_line_nested_past_the_parser_is_one_clear_line(tmp_path):
+    path = tmp_path / "live.jsonl"
+    path.write_text('{"window": 0, "ranks": [], "findings": []}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(UsageError, match="line 2 is not a live window"):
+        live_log.read(str(path), "not a commprof result")

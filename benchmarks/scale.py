@@ -20,6 +20,7 @@ same path gives the 2-rank job, every rank's window read back. A path whose last
 --budget seconds is not run at larger sizes (its row says so): it is extrapolated by its fit, never guessed.
 
     python benchmarks/scale.py [--quick] [--sizes 8,256,1024,...] [--paths live_combine,...] [--budget 60]
+                               [--iterations 11] [--fit-from 1024]
 
 Results: benchmarks/README.md, benchmarks/results/scale-results.json.
 """
@@ -41,7 +42,7 @@ from pathlib import Path
 from common import ROOT, parse, parser
 
 SIZES = (8, 256, 1024, 2048, 4096, 8192, 16384)
-QUICK = {"sizes": "8,64", "budget": 10.0}
+QUICK = {"sizes": "8,64", "budget": 10.0, "fit_from": 8}
 JITTER = 0.02
 """Each rank's busy and blocked time per step drawn within ±2 % of the recorded rank's."""
 PER_HOST = 8
@@ -328,6 +329,7 @@ def main() -> int:
     p = parser(__doc__, json="scale-results.json")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
     p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--fit-from", type=int, default=1024, help="the least world size the exponent is fitted from")
     p.add_argument("--iterations", type=int, default=11, help="measured iterations of the traced job (findings)")
     p.add_argument("--budget", type=float, default=60.0,
                    help="seconds a path's run may take before its larger sizes are left out")
@@ -337,7 +339,7 @@ def main() -> int:
     from commprof.live.combine import combine
 
     ctx = {"fast": fast, "slow": slow, "iterations": args.iterations}
-    out = {"iterations": args.iterations, "window": WINDOW, "paths": {}}
+    out = {"iterations": args.iterations, "window": WINDOW, "fit_from": args.fit_from, "paths": {}}
     failed = False
     for name in args.paths.split(","):
         reference = PATHS[name](2, ctx).get("straggler")  # the 2-rank job the world was made from
@@ -353,8 +355,8 @@ def main() -> int:
             print(f"{name:13} {n:6d} ranks {row['seconds']:9.3f} s  {row['peak_bytes'] / 2**20:8.1f} MiB peak  "
                   f"{row.get('bytes', 0) / 1e6:9.2f} MB  {row['check']}", flush=True)
         ran = [r for r in rows if "seconds" in r]
-        out["paths"][name] = {"rows": rows, "exponent": exponent(ran), "two_ranks": reference}
-        print(f"{name:13} exponent from 1,024 ranks: {out['paths'][name]['exponent']}", flush=True)
+        out["paths"][name] = {"rows": rows, "exponent": exponent(ran, start=args.fit_from), "two_ranks": reference}
+        print(f"{name:13} exponent from {args.fit_from:,} ranks: {out['paths'][name]['exponent']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 1 if failed else 0

@@ -56,6 +56,8 @@ PROMISES: dict[str, list[tuple]] = {
                    ("rows", 0, "exec_ms")],
     "run_overhead": [("summary", "ratio"), ("summary", "ratio_ci95"), ("summary", "recording_cost_us")],
     "run_vs_torch": [("pairs", "ddp", "ratio"), ("pairs", "ddp", "ratio_ci95"), ("pairs", "fsdp", "ratio")],
+    "scale": [("paths", "live_combine", "exponent"), ("paths", "findings", "rows", 1, "straggler"),
+              ("paths", "states", "rows", 1, "seconds"), ("paths", "scrape", "rows", 1, "series")],
     "seen_backend": [("seen_minus_without_us",), ("seen_minus_without_ci95_us",), ("through_minus_without_us",)],
     "startup": [("summary", "help", "ratio"), ("summary", "help", "paired_ratio_ci95"),
                 ("summary", "help", "cpu_paired_ratio")],

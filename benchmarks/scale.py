@@ -219,25 +219,34 @@ def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
 
 
 def findings(n: int, ctx: dict) -> dict:
-    """A traced job's end on rank 0: the merged trace written (record/merge.py) and its findings
-    (findings/kinds.py `of_trace`), from the ranks' files in a folder of their own."""
+    """A traced job's end on rank 0 (record/trace.py `finish`, then findings/kinds.py `of_trace`): every rank's
+    file in the folder (written beforehand, as each rank writes its own), the merged trace.json written from
+    them (record/merge.py: a large job's of some ranks only) and the findings read from the ranks' files."""
     import shutil
     import tempfile
 
     from commprof.findings.kinds import of_trace
-    from commprof.record.merge import write_merged
+    from commprof.record.merge import load, write_merged
 
     folder = Path(tempfile.mkdtemp(prefix="scale-"))
     try:
-        per_rank = rank_events(n, ctx["iterations"])
-        took_merge, peak_merge, path = measure(lambda: write_merged(folder, per_rank, None))
-        del per_rank
+        files = []
+        for rank, events in enumerate(rank_events(n, ctx["iterations"])):
+            files.append(folder / f"rank{rank}.trace.json")
+            files[-1].write_text(json.dumps(events, separators=(",", ":")))
+        ranks_bytes = sum(f.stat().st_size for f in files)
+        took_merge, peak_merge, path = measure(lambda: write_merged(folder, [lambda f=f: load(f) for f in files],
+                                                                    None))
         took, peak, block = measure(lambda: of_trace(str(folder)))
         if block.get("items") is None:
             return {"seconds": took, "peak_bytes": peak, "check": block["why"]}
         found = next((f for f in block["items"] if f["kind"] == "straggler"), None)
+        held = (json.loads(path.read_text())["otherData"].get("held") or {}).get("ranks")
+        if held is not None and found is not None and found["rank"] not in held:
+            return {"seconds": took, "peak_bytes": peak, "check": f"the merged trace leaves out rank {found['rank']}"}
         return {"seconds": took + took_merge, "peak_bytes": max(peak, peak_merge), "merge_seconds": took_merge,
-                "findings_seconds": took, "bytes": path.stat().st_size, "straggler": named(found)}
+                "findings_seconds": took, "bytes": path.stat().st_size, "rank_files_bytes": ranks_bytes,
+                "merged_ranks": n if held is None else len(held), "straggler": named(found)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -106,12 +106,15 @@ def analyze(m: Measured) -> Analysis:
                     aligned=tuple(a for programs in m.aligned for a, _ in _met(programs).values()))
 
 
-def blocked_by_cause(m: Measured):
-    """Every blocked stretch of every rank's training thread, cut by cause, on the trace's clock: (rank,
-    from µs, to µs, the rank waited for or None for transfer, the op it is charged to)."""
+def blocked_by_cause(m: Measured, ranks: set | None = None):
+    """Every blocked stretch of every rank's training thread (of `ranks` only, when given), cut by cause, on
+    the trace's clock: (rank, from µs, to µs, the rank waited for or None for transfer, the op it is charged
+    to)."""
     for programs in m.iterations:
         met = _met(programs)
         for p in programs:
+            if ranks is not None and p.rank not in ranks:
+                continue
             for op, b0, b1 in p.blocks:
                 for t0, t1, who, on in _segments(p.spans, met, op, b0, b1):
                     yield p.rank, t0, t1, who, on

@@ -24,13 +24,15 @@ ROW = "blocked, by cause"
 
 
 def mark(directory: str | Path, m: Measured) -> int:
-    """Put the slices in DIR/trace.json, in place of any drawn before; returns how many."""
+    """Put the slices in DIR/trace.json, in place of any drawn before, for the ranks it holds; returns how
+    many."""
     path = Path(directory) / "trace.json"
     doc = json.loads(path.read_text())
     events = doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("tid") != TID]
+    held = (doc.get("otherData") or {}).get("held")  # a merged trace of some ranks: theirs only
     ranks = set()
     added = 0
-    for rank, t0, t1, who, on in blocked_by_cause(m):
+    for rank, t0, t1, who, on in blocked_by_cause(m, set(held["ranks"]) if held else None):
         if t1 <= t0:
             continue
         name = f"waiting for rank {who}" if who is not None else f"transfer {on.name} ({on.label})"

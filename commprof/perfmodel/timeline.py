@@ -96,7 +96,7 @@ def load(path: str) -> Measured:
     if "traceEvents" in doc:
         with wrong_shape(path, NOT_OURS):
             return from_trace(doc, path, strategy=p.name if folder else p.parent.name, global_batch=None,
-                                       backend=None)
+                              backend=None, folder=p if folder else p.parent)
     if not (isinstance(doc.get("config"), dict) and "iterations" in doc):
         raise UsageError(f"{path}: {NOT_OURS}")
     with wrong_shape(path, NOT_OURS):
@@ -113,10 +113,17 @@ def load(path: str) -> Measured:
     trace = read_json(found / "trace.json", "not a commprof trace")
     with wrong_shape(str(found / "trace.json"), "not a commprof trace"):
         return from_trace(trace, path, strategy=strategy, global_batch=global_batch,
-                                   backend=cfg.get("backend"))
+                          backend=cfg.get("backend"), folder=found)
 
 
-def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | None, backend: str | None) -> Measured:
+def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | None, backend: str | None,
+               folder: Path | None = None) -> Measured:
+    """The merged trace `doc`; one that holds some of the ranks only (record/merge.py's `held`, a job of many
+    ranks) is read from every rank's own file in `folder` instead, one file at a time."""
+    held = (doc.get("otherData") or {}).get("held")
+    if held is not None:
+        return from_ranks(_rank_files(folder, held["of"], source), held["of"], source, strategy=strategy,
+                          global_batch=global_batch, backend=backend)
     events = doc["traceEvents"]
     # each process's clock_sync metadata names its rank (pid r + 1; traces of older commprof used pid r)
     rank_of = {e.get("pid"): e["args"]["rank"] for e in events if e.get("name") == "clock_sync"}
@@ -124,12 +131,40 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
     for e in events:
         by_rank[rank_of.get(e.get("pid"), e.get("pid"))].append(e)
     ranks = sorted(r for r in by_rank if isinstance(r, int))
-    hosts = tuple(next((e["args"]["host"] for e in by_rank[r] if e.get("name") == "clock_sync"), "?")
-                  for r in ranks)
     if ranks != list(range(len(ranks))) or not ranks:
         raise UsageError(f"{source}: the trace lacks ranks (it holds {ranks}): was the run cut short?")
+    return from_ranks(((r, by_rank.pop(r)) for r in ranks), len(ranks), source, strategy=strategy,
+                      global_batch=global_batch, backend=backend)
+
+
+def _rank_files(folder: Path | None, world_size: int, source: str):
+    """(rank, its events) of every rank's file in `folder`, in rank order, each read when it is reached."""
+    from commprof.record.merge import load as load_rank
+
+    for r in range(world_size):
+        path = None if folder is None else Path(folder) / f"rank{r}.trace.json"
+        if path is None or not path.is_file():
+            raise UsageError(f"{source}: its trace.json holds some ranks only, and rank {r}'s own file "
+                             f"({path}) is not there: give the folder the job traced into")
+        try:
+            yield r, load_rank(path)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def from_ranks(ranks, world_size: int, source: str, *, strategy: str, global_batch: int | None,
+               backend: str | None) -> Measured:
+    """Every rank's (rank, events) of a job of `world_size` ranks, in rank order, as a Measured: each rank's
+    events are made into its programs and let go before the next rank's are read."""
     known = {}  # one Members per group, shared by every rank's ops: a key's lookup is then by identity
-    found = [_rank_programs(by_rank[r], r, len(ranks), source, known) for r in ranks]
+    found, hosts, order = [], [], []
+    for r, events in ranks:
+        order.append(r)
+        sync = next((e for e in events if e.get("name") == "clock_sync"), None)
+        hosts.append(sync["args"]["host"] if sync is not None else "?")
+        found.append(_rank_programs(events, r, world_size, source, known))
+    if order != list(range(len(order))) or not order:
+        raise UsageError(f"{source}: the trace lacks ranks (it holds {order}): was the run cut short?")
     per_rank = [programs for programs, _ in found]
     # paired by name: a rank that counted its iterations differently pairs none wrongly
     names = sorted(set.intersection(*(set(a) for _, a in found)), key=lambda n: int(n.split()[1]))
@@ -139,7 +174,7 @@ def from_trace(doc: dict, source: str, *, strategy: str, global_batch: int | Non
         raise UsageError(f"{source}: the trace holds no measured iteration (raise --steps above --warmup)")
     iterations = tuple(tuple(p[i] for p in per_rank) for i in range(count))
     walls = sorted(max(p.wall_ms for p in it) for it in iterations)
-    return Measured(source=source, strategy=strategy, backend=backend, world_size=len(ranks), hosts=hosts,
+    return Measured(source=source, strategy=strategy, backend=backend, world_size=len(order), hosts=tuple(hosts),
                     global_batch=global_batch, iterations=iterations, measured_wall_ms=walls[len(walls) // 2],
                     aligned=aligned)
 

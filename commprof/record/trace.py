@@ -37,7 +37,7 @@ from commprof.record.clock_sync import host_name, sync_clocks
 from commprof.record.gpu_trace import StreamSpans
 from commprof.record.merge import load, merge, parse, write_merged  # noqa: F401 (trace.load, trace.merge)
 from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
-from commprof.report.files import OutputError
+from commprof.report.files import OutputError, write_atomic
 
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""
@@ -356,4 +356,11 @@ def finish(comm, trace: TraceRecorder, directory: str | Path) -> Path | None:
     texts = comm.gather_object(text, dst=0) if comm is not None else [text]
     if texts is None:
         return None
-    return write_merged(Path(directory), [parse(t) for t in texts], trace.clocks)
+    directory = Path(directory)
+    for rank, text in enumerate(texts):
+        # every rank's own file beside the merged one, those of other hosts too: the findings read them one
+        # by one, and a merged trace of a large job holds some ranks only
+        mine = directory / f"rank{rank}.trace.json"
+        if not mine.exists():
+            write_atomic(mine, text, sync=False)
+    return write_merged(directory, [lambda t=t: parse(t) for t in texts], trace.clocks)

@@ -119,3 +119,68 @@ def test_ops_in_flight_at_once_get_a_track_each(tmp_path):
     assert sorted(names[t].get("slot", 0) for t in tracks) == [0, 1, 2]
     # what reads the trace back sees one group's ops, whichever track each is on
     assert sorted(len(v) for v in merge.comm_ops(events).values()) == [1] * 7
+
+
+def _world_from_recorded(n: int) -> list[list[dict]]:
+    """n ranks' events from the recorded slowed job: rank n-1 its slowed rank 1, every other its rank 0, each
+    with its own pid, rank, host (4 ranks a host) and the world group written as record/trace.py writes it."""
+    import copy
+
+    from conftest import RECORDED
+
+    from commprof.measurement import member_args
+
+    recorded = [merge.load(RECORDED / "slowed" / "trace" / f"rank{r}.trace.json") for r in (0, 1)]
+    out = []
+    for rank in range(n):
+        events = copy.deepcopy(recorded[1 if rank == n - 1 else 0])
+        for e in events:
+            e["pid"] = rank + 1
+            if e.get("name") == "clock_sync":
+                e["args"].update(rank=rank, world_size=n, host=f"h{rank // 4}")
+            if e.get("name") == "thread_name" and "members" in e["args"]:
+                del e["args"]["members"]
+                e["args"].update(member_args(range(n)))
+        out.append(events)
+    return out
+
+
+def test_a_large_jobs_merged_trace_holds_the_ranks_that_tell_its_story_and_says_where_the_rest_are(tmp_path):
+    from commprof.findings.kinds import of_trace
+
+    n = 100
+    world = _world_from_recorded(n)
+    for rank, events in enumerate(world):
+        (tmp_path / f"rank{rank}.trace.json").write_text(json.dumps(events))
+    merge.merge(tmp_path)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    held = doc["otherData"]["held"]
+    ranks = {e["args"]["rank"] for e in doc["traceEvents"] if e.get("name") == "clock_sync"}
+    assert held["of"] == n and sorted(ranks) == held["ranks"] and len(ranks) <= merge.MERGED_RANKS
+    assert {0, n - 1} <= ranks and "rank<r>.trace.json" in held["rest"]
+    assert {f"h{r // 4}" for r in ranks} >= {f"h{h}" for h in range(20)}  # a rank of each host, as room allows
+    # arrows join the held ranks' collectives: from the slowed rank, the last to arrive
+    starts = {e["pid"] - 1 for e in doc["traceEvents"] if e.get("ph") == "s"}
+    assert starts and n - 1 in starts and starts <= ranks
+    assert {c["rank"] for c in doc["otherData"]["clock_sync"]["ranks"]} == ranks  # the clocks of those held
+    # the findings read every rank's own file: the straggler and its cost as the 2-rank job's
+    block = of_trace(str(tmp_path))
+    two = of_trace(str(_recorded_copy(tmp_path)))
+    mine = [f for f in block["items"] if f["kind"] == "straggler"]
+    ref = [f for f in two["items"] if f["kind"] == "straggler"][0]
+    assert [f["rank"] for f in mine] == [n - 1] and abs(mine[0]["ms_per_step"] - ref["ms_per_step"]) <= 0.15 * ref[
+        "ms_per_step"]
+    assert mine[0]["evidence"]["peers"]["count"] == n - 1 and len(mine[0]["evidence"]["peers_wait_ms"]) == 8
+    assert len(block["by_rank"]) == n
+    # the slices by cause are drawn for the held ranks only
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    assert {e["pid"] - 1 for e in doc["traceEvents"] if e.get("cat") == "cause"} <= ranks
+    assert json.loads((tmp_path / f"rank{n - 1}.trace.json").read_text()) == world[n - 1]  # each rank's file kept
+
+
+def _recorded_copy(tmp_path):
+    import shutil
+
+    from conftest import RECORDED
+
+    return shutil.copytree(RECORDED / "slowed" / "trace", tmp_path / "two")

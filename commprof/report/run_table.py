@@ -5,6 +5,8 @@ measured next to predicted, and the training metrics. Rendering only: it reads t
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 from rich.text import Text
 
@@ -14,6 +16,9 @@ from commprof.report.units import format_bytes
 COLUMNS = (("wall_ms", "wall ms"), ("data_ms", "data ms"), ("compute_ms", "compute ms"),
            ("comm_ms", "comm ms"), ("exposed_comm_ms", "exposed ms"), ("overlap_ms", "overlap ms"),
            ("overlap_pct", "overlap %"))
+RANK_ROWS = 16
+"""The most ranks the time table shows a row each: past it, rank 0 and each figure's slowest and fastest
+rank, with quantile rows over every rank (a row per rank was 16,389 rows at 16,384 ranks)."""
 
 
 def _header(doc: dict) -> Text:
@@ -36,13 +41,19 @@ def time_table(doc: dict) -> Narrowing:
     columns = COLUMNS + ((("bubble_ms", "bubble ms"),) if doc.get("pipeline") or s["bubble_ms"] > 0 else ())
     if "other_ms" in s:  # a document of an older commprof has none
         columns = (*columns[:5], ("other_ms", "other ms"), *columns[5:])
-    table = Table(title="time per iteration", title_justify="left")
+    every = s["per_rank"]
+    shown = outliers(every, [k for k, _ in columns])
+    title = "time per iteration"
+    if len(shown) < len(every):
+        title += (f" ({len(shown)} of {len(every):,} ranks: rank 0 and each figure's slowest and fastest; "
+                  "p50, p90 and p99 over every rank)")
+    table = Table(title=title, title_justify="left")
     table.add_column("rank", justify="right")
     for _, label in columns:
         table.add_column(label, justify="right")
     table.add_column("peak mem", justify="right")
     table.add_column("peak RSS", justify="right")
-    for row in s["per_rank"]:
+    for row in shown:
         where = " ".join(f"{k}{v}" for k, v in row["coords"].items()) if len(row["coords"]) > 1 else ""
         table.add_row(f"{row['rank']} {where}".strip(), *[f"{row[k]:.2f}" for k, _ in columns],
                       format_bytes(row["peak_mem_bytes"]), format_bytes(row["peak_rss_bytes"]))
@@ -52,7 +63,30 @@ def time_table(doc: dict) -> Narrowing:
             table.add_row(stat, *[f"{ranks[k][stat]:.2f}" for k, _ in columns], "", "",
                           style="bold" if stat == "avg" else "")
         table.add_row("slowest", *[str(ranks[k]["slowest_rank"]) for k, _ in columns], "", "", style="dim")
+        if len(shown) < len(every):
+            for q in (50, 90, 99):
+                table.add_row(f"p{q}", *[f"{quantile([r[k] for r in every], q / 100):.2f}" for k, _ in columns],
+                              "", "", style="dim")
     return Narrowing(table, ("peak RSS", "peak mem", "overlap ms", "data ms", "other ms"))
+
+
+def outliers(rows: list[dict], fields: list[str]) -> list[dict]:
+    """`rows` (one a rank) when RANK_ROWS or fewer; else rank 0's and, figure by figure, the rows of its
+    largest and smallest value, up to RANK_ROWS, in rank order."""
+    if len(rows) <= RANK_ROWS:
+        return rows
+    picked = {rows[0]["rank"]: None}
+    for k in fields:
+        for row in (max(rows, key=lambda r: r[k]), min(rows, key=lambda r: r[k])):
+            if len(picked) < RANK_ROWS:
+                picked.setdefault(row["rank"])
+    return [r for r in rows if r["rank"] in picked]
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (nearest rank)."""
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
 def group_table(doc: dict) -> Table | None:

@@ -130,3 +130,26 @@ def test_a_grid_says_which_configuration_ran_oversubscribed_or_contended():
     clean = run_rows([{**r, "result": doc} for r, doc in zip(runs, (single, ddp))])
     assert [r["caveat"] for r in clean] == [None, None] and "?" not in run_markdown(clean)
     assert run_table(rows).table.caption.startswith("?: a speed-up")
+
+
+def test_a_many_rank_time_table_shows_rank_0_and_the_outliers_with_quantiles_over_all():
+    import copy
+    import io
+
+    from rich.console import Console
+
+    from commprof.report.run_table import RANK_ROWS, time_table
+
+    doc = json.loads(RUN.read_text())
+    base = doc["summary"]["per_rank"][0]
+    rows = [{**copy.deepcopy(base), "rank": r, "wall_ms": 10.0 + r / 1000} for r in range(2000)]
+    rows[1234]["wall_ms"], rows[777]["comm_ms"] = 99.0, 55.0
+    doc["summary"]["per_rank"] = rows
+    console = Console(file=io.StringIO(), width=200)
+    console.print(time_table(doc).table)
+    lines = _table_lines(console.file.getvalue())
+    shown = [line.split("│")[1].strip() for line in lines if line.split("│")[1].strip().isdigit()]
+    assert "0" in shown and "1234" in shown and "777" in shown and len(shown) <= RANK_ROWS
+    p99 = next(line for line in lines if line.startswith("│     p99"))
+    assert f"{sorted(r['wall_ms'] for r in rows)[1980 - 1]:.2f}" in p99  # nearest rank: the 1,980th of 2,000
+    assert "of 2,000 ranks" in " ".join(console.file.getvalue().split())

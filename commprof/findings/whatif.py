@@ -83,6 +83,19 @@ def aligned_costs(analysis: Analysis, late: int) -> Callable[[Op], float]:
     return lambda op: out.get(op.key, op.measured_ms)
 
 
+REPLAYED = 25
+"""The most iterations a what-if replays (twice each: as measured and edited): the median of 25 evenly spaced
+iterations stands for a long job's, and the replay, every rank's program op by op, costs a job's end at 4,096
+ranks about as much as reading its traces."""
+
+
+def spaced(items: tuple, most: int) -> tuple:
+    """`items`, or `most` of them evenly spaced, the first and the last among them."""
+    if len(items) <= most:
+        return items
+    return tuple(items[round(k * (len(items) - 1) / (most - 1))] for k in range(most))
+
+
 def without_straggler(m: Measured, analysis: Analysis, rank: int) -> float:
     """The step with `rank`'s own time set to the others' and the ops it made late costing theirs aligned."""
     return step_without(m, analysis, edit=busy_as_median(rank), cost=aligned_costs(analysis, rank))
@@ -90,11 +103,12 @@ def without_straggler(m: Measured, analysis: Analysis, rank: int) -> float:
 
 def step_without(m: Measured, analysis: Analysis, *, edit: Edit | None = None,
                  cost: Callable[[Op], float] | None = None) -> float:
-    """The measured step less what `edit` (of each iteration's programs) and `cost` (of each op) save."""
+    """The measured step less what `edit` (of each iteration's programs) and `cost` (of each op) save: the
+    median over the iterations, or over REPLAYED of them evenly spaced in a longer job."""
     base_cost = measured_costs(analysis)
     cost = cost or base_cost
     out = []
-    for programs in m.iterations:
+    for programs in spaced(m.iterations, REPLAYED):
         lags = _lags(programs)
         base = replay(_as_measured(programs, lags, base_cost), base_cost)[0]
         edited = replay(_as_measured(edit(programs) if edit else programs, lags, cost), cost)[0]

@@ -245,3 +245,11 @@ def test_drawing_the_causes_again_replaces_them(recorded):
     counts = [of_trace(str(trace))["trace_slices"] for _ in range(2)]
     events = json.loads((trace / "trace.json").read_text())["traceEvents"]
     assert counts[0] == counts[1] == sum(e.get("tid") == TID and e.get("ph") == "X" for e in events) > 0
+
+
+def test_a_long_jobs_what_if_replays_evenly_spaced_iterations_first_and_last_among_them():
+    assert whatif.spaced(tuple(range(10)), 25) == tuple(range(10))
+    picked = whatif.spaced(tuple(range(1000)), whatif.REPLAYED)
+    assert len(picked) == whatif.REPLAYED and picked[0] == 0 and picked[-1] == 999
+    gaps = {b - a for a, b in zip(picked, picked[1:])}
+    assert max(gaps) - min(gaps) <= 1

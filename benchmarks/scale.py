@@ -7,6 +7,9 @@ figures with ±JITTER of scheduling noise of its own. Every path runs commprof's
 
   live_combine    live/combine.py `combine`: one window of --window steps of every rank, into the job's window
                   and its findings (the windows folded by live/window.py's Fold from the recorded iterations)
+  live_hosts      live/hosts.py: the same window combined host by host (PER_HOST ranks a host): each host's
+                  part folded by its first local rank (`summarize`), rank 0 combining the hosts' parts
+                  (`combine_hosts`); bytes: the parts rank 0 reads
   live_collect    comm/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
                   real TCPStore served in this process (the ranks' posts made beforehand by client threads);
                   the store's keys left after it (none: what was read is gone)
@@ -108,6 +111,21 @@ def live_combine(n: int, ctx: dict) -> dict:
     ws = windows(n, ctx["fast"], ctx["slow"])
     took, peak, job = measure(lambda: combine(ws))
     return {"seconds": took, "peak_bytes": peak, "bytes": len(json.dumps(job)), "straggler": named(straggler(job))}
+
+
+def live_hosts(n: int, ctx: dict) -> dict:
+    """live/hosts.py: each host's first local rank folds its ranks' windows into a part (`summarize`, timed on
+    the host holding the slowed rank), rank 0 combines the hosts' parts (`combine_hosts`, the figure)."""
+    from commprof.live.hosts import combine_hosts, summarize
+
+    by_host: dict[str, list] = {}
+    for w in windows(n, ctx["fast"], ctx["slow"]):
+        by_host.setdefault(w["host"], []).append(w)
+    host_s, _, _ = measure(lambda: summarize(by_host[f"node{(n - 1) // PER_HOST}"]))
+    parts = [summarize(ws) for ws in by_host.values()]
+    took, peak, job = measure(lambda: combine_hosts(parts))
+    return {"seconds": took, "peak_bytes": peak, "host_seconds": host_s, "hosts": len(parts),
+            "bytes": sum(len(json.dumps(p)) for p in parts), "straggler": named(straggler(job))}
 
 
 def live_collect(n: int, ctx: dict) -> dict:
@@ -251,9 +269,9 @@ def findings(n: int, ctx: dict) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-PATHS = {"live_combine": live_combine, "live_collect": live_collect, "scrape": scrape, "states": states,
+PATHS = {"live_combine": live_combine, "live_hosts": live_hosts, "live_collect": live_collect, "scrape": scrape, "states": states,
          "findings": findings}
-FINDS = ("live_combine", "findings")
+FINDS = ("live_combine", "live_hosts", "findings")
 """The paths that name a straggler: each checked against its own 2-rank figure."""
 
 

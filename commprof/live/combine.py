@@ -128,7 +128,8 @@ def _exposed(ranks: list[dict], step_ms: float) -> list[dict]:
                      evidence={"per_step": count / steps, "busbw_GBps": None})]
 
 
-def _latency_bound(ranks: list[dict], step_ms: float) -> list[dict]:
+def _latency_bound(ranks: list[dict], step_ms: float, *, count: int | None = None) -> list[dict]:
+    """`count`: the ranks whose ops `ranks` hold (live/hosts.py: a host's part holds its ranks' ops summed)."""
     steps = min(w["steps"] for w in ranks)
     points = {}  # (name, group, size) -> [count, payload bytes, seconds, group size] over the ranks
     for w in ranks:
@@ -145,7 +146,7 @@ def _latency_bound(ranks: list[dict], step_ms: float) -> list[dict]:
         return []
     half = line.alpha_s / line.beta_s_per_byte if line.beta_s_per_byte > 0 else None
     small = [k for k in points if half is None or bus[k] < half]
-    n = len(ranks)
+    n = count or len(ranks)
     per_step = sum(points[k][0] for k in small) / n / steps
     if per_step < 2:
         return []

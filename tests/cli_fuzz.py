@@ -200,6 +200,7 @@ RUN = (
     Flag(("--metrics-port",), names(["0", "9464", "127.0.0.1:9464", "[::1]:0", "off"],
                                     ("http", "70000", "", ":", "a:b"))),
     Flag(("--live-log",), PATHS),
+    Flag(("--metrics-targets",), PATHS),
     Flag(("--live-linger",), FLOATS),
 )
 FLAGS = {"bench": BENCH, "run": RUN}

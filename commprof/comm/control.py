@@ -8,7 +8,10 @@ others where over MPI, once, at start. Keys (all under `commprof/`):
   failure        the first rank to see a failure claims it (compare-and-set: one winner)
   states         every rank's flight-recorder snapshot, one line each, posted once a failure is claimed
                  (states/n counts them: rank 0 reads them all in one call, whatever the world size)
-  live/<i>       the ranks' live window i, one line each (live/<i>/n counts them), read and removed whole
+  live/<i>       the ranks' live window i, one line each (live/<i>/n counts them), read and removed whole;
+                 in a job combined host by host, each host's part of it, and live/<i>/host/<r> the windows of
+                 the ranks whose host's first rank is r
+  live/endpoints each host's live metrics endpoint, one line each
   verdict        the winner's conclusion — exit code and one line — that every rank exits with
   ack/<rank>     a rank has read the verdict (the winner waits for these before it exits)
   go             every rank acked: all exit now, together (the others wait on it, woken by the store)
@@ -118,15 +121,16 @@ class ControlPlane:
             time.sleep(0.05)
         return {snap["rank"]: snap for snap in self._read(PREFIX + "states")}
 
-    def post_window(self, index: int, window: dict) -> None:
-        """This rank's live window `index` (live/monitor.py), for rank 0 to combine."""
-        self._post(f"{PREFIX}live/{index}", window)
+    def post_window(self, index: int, window: dict, *, host: int | None = None) -> None:
+        """This rank's live window `index` (live/monitor.py), for rank 0 to combine — or, `host` (the first rank
+        of this rank's host, in a job combined host by host), for that rank; a host's part goes as a window."""
+        self._post(_live_key(index, host), window)
 
-    def windows(self, index: int, expected: int, *, now: bool = False) -> list[dict]:
-        """The ranks' live windows `index`, once `expected` of them are posted (or, `now`, those that are):
-        read and removed from the store in one go, which so holds no more than the windows not yet combined.
-        [] while fewer are there."""
-        key = f"{PREFIX}live/{index}"
+    def windows(self, index: int, expected: int, *, now: bool = False, host: int | None = None) -> list[dict]:
+        """The live windows `index` posted to rank 0 (or to `host`'s first rank), once `expected` of them are
+        (or, `now`, those that are): read and removed from the store in one go, which so holds no more than the
+        windows not yet combined. [] while fewer are there."""
+        key = _live_key(index, host)
         count = self._count(key)
         if not count or (count < expected and not now):
             return []
@@ -134,6 +138,14 @@ class ControlPlane:
         self._store.delete_key(key)
         self._store.delete_key(key + "/n")
         return out
+
+    def post_endpoint(self, endpoint: dict) -> None:
+        """A host's live metrics endpoint ({"host", "target"}), for rank 0 to list for Prometheus."""
+        self._post(PREFIX + "live/endpoints", endpoint)
+
+    def endpoints(self) -> list[dict]:
+        """Every endpoint posted so far."""
+        return self._read(PREFIX + "live/endpoints")
 
     def _post(self, key: str, doc: dict) -> None:
         """One line appended to `key`, then counted: a reader that sees the count sees the line."""
@@ -194,6 +206,10 @@ class ControlPlane:
             keys = [k for k in keys if not self._store.check([k])]
             if keys:
                 time.sleep(0.02)
+
+
+def _live_key(index: int, host: int | None) -> str:
+    return f"{PREFIX}live/{index}" if host is None else f"{PREFIX}live/{index}/host/{host}"
 
 
 class Meeting:

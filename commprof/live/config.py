@@ -2,6 +2,7 @@
 
     commprof profile --nproc 8 --live --live-log live.jsonl -- train.py
     commprof profile --nproc 8 --live --metrics-port 0.0.0.0:9464 -- train.py    # listened to from elsewhere
+    commprof profile --live --metrics-port 0.0.0.0:9464 --metrics-targets targets.json -- train.py  # hosts
 
 Exercised by: `pytest tests/unit/test_live.py`.
 """
@@ -37,6 +38,8 @@ class LiveConfig:
     """The JSON Lines file of windows (--live-log); None: none."""
     linger_s: float = 0.0
     """Seconds the endpoint stays after the job, for a last scrape (--live-linger)."""
+    targets: str | None = None
+    """Prometheus' file_sd JSON listing every host's endpoint, written by rank 0 (--metrics-targets); None: none."""
 
 
 def add_live_flags(p: argparse.ArgumentParser) -> None:
@@ -48,6 +51,9 @@ def add_live_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", default=str(PORT), metavar="[ADDR:]PORT",
                    help=f"the live Prometheus endpoint (default {ADDRESS}:{PORT}; 0: any free port; off: none)")
     p.add_argument("--live-log", metavar="FILE", help="append every live window to FILE as a JSON line")
+    p.add_argument("--metrics-targets", metavar="FILE",
+                   help="a job of several hosts serves each host's ranks on that host's endpoint: write their "
+                        "addresses to FILE for Prometheus' file_sd_configs")
     p.add_argument("--live-linger", type=float, default=0.0, metavar="SECONDS",
                    help="keep the endpoint this long after the job ends, for a last scrape (default 0)")
 
@@ -57,6 +63,7 @@ def live_config(args: argparse.Namespace) -> LiveConfig | None:
     given = [flag for flag, value, default in (("--live-window", args.live_window, WINDOW),
                                                ("--metrics-port", args.metrics_port, str(PORT)),
                                                ("--live-log", args.live_log, None),
+                                               ("--metrics-targets", args.metrics_targets, None),
                                                ("--live-linger", args.live_linger, 0.0)) if value != default]
     if not args.live:
         if given:
@@ -67,8 +74,10 @@ def live_config(args: argparse.Namespace) -> LiveConfig | None:
     if not 0 <= args.live_linger <= 3600:
         raise UsageError(f"--live-linger {args.live_linger:g}: between 0 and 3600 seconds")
     address, port = metrics_address(args.metrics_port)
+    if args.metrics_targets is not None and address is None:
+        raise UsageError("--metrics-targets lists the endpoints: not with --metrics-port off")
     return LiveConfig(window=args.live_window, address=address, port=port, log=args.live_log,
-                      linger_s=args.live_linger)
+                      linger_s=args.live_linger, targets=args.metrics_targets or None)
 
 
 def metrics_address(spec: str) -> tuple[str | None, int]:

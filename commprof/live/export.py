@@ -19,10 +19,15 @@ job does not need. Metrics, labels `rank` and `host` on every per-rank series:
   commprof_busy_seconds                        … its median time not blocked on comm, a step
   commprof_waiting_for_peers_seconds           … blocked beyond the least-blocked rank (peers late), a step
   commprof_transfer_seconds                    … blocked as the least-blocked rank was (the transfer), a step
-  commprof_finding_seconds_per_step{kind,subject}   each finding of the last window (subject: rank or op)
+  commprof_finding_seconds_per_step{kind,subject}   each finding of the last window (subject: rank or op);
+                                               in a job of several hosts, rank 0's endpoint serves the job's
+                                               findings and every host's first local rank its own ranks' series
   commprof_finding_since_step{kind,subject}    the step since which it has held
   commprof_window_last_step                    the last step of the last window (no rank label)
   commprof_others_cores{host}                  cores other processes used on rank 0's host in the last window
+
+The scrape targets of a job of several hosts (--metrics-targets FILE): Prometheus' file_sd JSON, one target a
+host, labelled with it (`write_targets`).
 
 The log: one JSON object per line, each a combined window as written whole with one write; a last line
 {"end": reason} when the job ends. Once it passes MAX_LOG_BYTES it moves to FILE.1 (replacing the one
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 
@@ -55,13 +61,20 @@ class Metrics:
         """(rank, host, op key) -> [count, bytes, seconds, histogram]: every window's, added."""
         self._steps: dict[tuple, int] = {}
         self._last: dict | None = None
+        self._job: dict | None = None
+        """The window whose findings are served: the last added, or in a job combined host by host the job's
+        (rank 0: `found`), none on another host's endpoint."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self.server, self._thread = start_http_server(port, addr=address, registry=self.registry)
         self.address, self.port = address, self.server.server_port
 
-    def add(self, job: dict) -> None:
+    def add(self, job: dict, *, findings: bool = True) -> None:
+        """A combined window's figures, rank by rank (its ranks: the job's, or one host's); `findings`: serve
+        its findings too."""
         with self._lock:
+            if findings:
+                self._job = job
             for r in job["ranks"]:
                 self._steps[(r["rank"], r["host"])] = self._steps.get((r["rank"], r["host"]), 0) + job["steps"]
                 for key, (count, nbytes, seconds, hist, _) in r["ops"].items():
@@ -70,11 +83,16 @@ class Metrics:
                     t[3] = [a + b for a, b in zip(t[3], hist)]
             self._last = job
 
+    def found(self, job: dict) -> None:
+        """The job's window, combined from its hosts' parts: its findings served here."""
+        with self._lock:
+            self._job = job
+
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         with self._lock:
-            totals, steps, last = dict(self._totals), dict(self._steps), self._last
+            totals, steps, last, job = dict(self._totals), dict(self._steps), self._last, self._job
         labels = ["op", "group", "rank", "host"]
         nbytes = CounterMetricFamily("commprof_op_bytes", "Payload bytes of the job's ops", labels=labels)
         count = CounterMetricFamily("commprof_ops", "Ops the job issued", labels=labels)
@@ -108,20 +126,24 @@ class Metrics:
             for r in last["ranks"]:
                 g.add_metric([str(r["rank"]), r["host"]], r[field] / 1e3)
             yield g
+        if job is None:
+            yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window",
+                                    value=last["last_step"])
+            return
         cost = GaugeMetricFamily("commprof_finding_seconds_per_step", "What each finding of the last window costs "
                                  "a step", labels=["kind", "subject"])
         since = GaugeMetricFamily("commprof_finding_since_step", "The step since which the finding holds",
                                   labels=["kind", "subject"])
-        for f in last["findings"]:
+        for f in job["findings"]:
             values = [f["kind"], subject(f)]
             cost.add_metric(values, f["ms_per_step"] / 1e3)
-            since.add_metric(values, f.get("since_step", last["first_step"]))
+            since.add_metric(values, f.get("since_step", job["first_step"]))
         yield from (cost, since)
-        yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window", value=last["last_step"])
-        if last.get("contention"):
+        yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window", value=job["last_step"])
+        if job.get("contention"):
             g = GaugeMetricFamily("commprof_others_cores", "Cores other processes used on rank 0's host, last window",
                                   labels=["host"])
-            g.add_metric([last["contention"]["host"]], last["contention"]["others_cores"])
+            g.add_metric([job["contention"]["host"]], job["contention"]["others_cores"])
             yield g
 
     def close(self) -> None:
@@ -147,3 +169,22 @@ class LiveLog:
     def end(self, reason: str) -> None:
         self.write({"end": reason, "time": time.time()})
         os.close(self._fd)
+
+
+def reachable(toward: str) -> str:
+    """This host's address on the way to `toward` (the store's host): where a peer host reaches it."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((toward, 9))  # no packet is sent: the kernel only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def write_targets(path: str, endpoints: list[dict]) -> None:
+    """Prometheus' file_sd JSON: every host's endpoint, labelled with its host (rewritten whole: Prometheus
+    reads the file again when it changes)."""
+    from commprof.report.files import write_atomic
+
+    write_atomic(path, json.dumps([{"targets": [e["target"]], "labels": {"host": e["host"], "job": "commprof"}}
+                                   for e in endpoints], indent=1) + "\n", sync=False)

@@ -54,7 +54,7 @@ def summarize(windows: list[dict]) -> dict:
     by_busy = sorted(range(len(ranks)), key=lambda k: (-ranks[k]["busy_ms"], ranks[k]["rank"]))[:TOP]
     by_blocked = sorted(ranks, key=lambda w: (-w["blocked_ms"], w["rank"]))
     return {
-        "host": ranks[0]["host"], "window": ranks[0]["window"], "ranks": len(ranks),
+        "host": ranks[0]["host"], "first": ranks[0]["rank"], "window": ranks[0]["window"], "ranks": len(ranks),
         "first_step": min(w["first_step"] for w in ranks), "last_step": max(w["last_step"] for w in ranks),
         "steps": min(w["steps"] for w in ranks), "time": max(w["time"] for w in ranks),
         "step_ms": max(w["step_ms"] for w in ranks), "busy_ms_median": statistics.median(w["busy_ms"] for w in ranks),

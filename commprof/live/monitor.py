@@ -25,7 +25,8 @@ from commprof.comm.control import REPLY_S
 from commprof.findings.kinds import THRESHOLD
 from commprof.live.combine import Held, combine
 from commprof.live.config import LiveConfig
-from commprof.live.export import LiveLog, Metrics
+from commprof.live.export import LiveLog, Metrics, reachable, write_targets
+from commprof.live.hosts import combine_hosts, summarize
 from commprof.live.window import Fold
 from commprof.report.live_log import subject
 
@@ -42,12 +43,20 @@ class Live:
     """This rank's part of a live job."""
 
     def __init__(self, cfg: LiveConfig, *, rank: int, world_size: int, control=None, elapsed_ns=None,
-                 show=None, contention=None, link=None) -> None:
+                 show=None, contention=None, link=None, local_rank: int = 0, local_world_size: int | None = None) -> None:
         self.cfg, self.rank, self.world_size, self.control = cfg, rank, world_size, control
         self.link = link
         """The link the ops cross (--link-rate, a perfmodel Fabric): the windows find `link` too; None: not."""
         self.contention = contention
         """rank 0: its host's record/contention.Contention, read once a window (None: not known)."""
+        local = local_world_size or world_size
+        self.hosts = world_size // local if control is not None and local < world_size and world_size % local == 0 else 1
+        """The hosts the windows are combined by: 1, rank 0 combines every rank's window; more, each host's first
+        local rank combines its own ranks' windows and rank 0 the hosts' parts (live/hosts.py)."""
+        self.first = rank - local_rank if self.hosts > 1 else 0
+        """The first rank of this rank's host (0 when rank 0 combines every window)."""
+        self.size = local if self.hosts > 1 else world_size
+        """The ranks whose windows this rank's host's first rank combines."""
         self.fold = Fold(rank=rank, host=socket.gethostname(), window=cfg.window, elapsed_ns=elapsed_ns)
         self.show = show
         """rank 0: called with the live line after each combined window (the terminal's progress line)."""
@@ -55,7 +64,9 @@ class Live:
         self.log: LiveLog | None = None
         self.held = Held()
         self.pending: dict[int, dict[int, dict]] = {}
-        """rank 0: window index -> {rank: window} posted so far."""
+        """A host's first rank: window index -> {rank: window} posted so far."""
+        self.parts: dict[int, dict[int, dict]] = {}
+        """rank 0 of a job of several hosts: window index -> {host's first rank: its part} posted so far."""
         self.laps: dict[int, dict | None] = {}
         """rank 0: window index -> its host's contention over that window's own span, read as rank 0's window
         closed (the windows are combined later, when every rank's is there: a reading taken then would cover
@@ -65,11 +76,12 @@ class Live:
         self.closed = False
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._targets_said = 0
         self.thread_s = 0.0
         """rank 0: the CPU time its live thread has used so far (benchmarks/live_cost.py reads it)."""
-        if rank != 0:
+        if rank != self.first:
             return
-        if cfg.log:
+        if cfg.log and rank == 0:
             self.log = LiveLog(cfg.log)
         if cfg.address is not None:
             try:
@@ -78,7 +90,11 @@ class Live:
                 sys.stderr.write(f"commprof: live: cannot listen on {cfg.address}:{cfg.port} "
                                  f"({exc.strerror or exc}): no metrics endpoint\n")
             else:
-                sys.stderr.write(f"commprof: live metrics on http://{_host(cfg.address)}:{self.metrics.port}/metrics\n")
+                where = f"http://{_host(cfg.address)}:{self.metrics.port}/metrics"
+                if self.hosts == 1:
+                    sys.stderr.write(f"commprof: live metrics on {where}\n")
+                else:  # rank 0 lists every host's for Prometheus (--metrics-targets)
+                    self._post_endpoint()
         self._thread = threading.Thread(target=self._run, name="commprof-live", daemon=True)
         self._thread.start()
 
@@ -89,49 +105,93 @@ class Live:
             self._post(window)
 
     def _post(self, window: dict) -> None:
-        if self.rank != 0:
+        if self.rank != self.first:
             if self.control is not None and not self.control.gone:
                 try:
-                    self.control.post_window(window["window"], window)
+                    self.control.post_window(window["window"], window, host=self.first if self.hosts > 1 else None)
                 except Exception:  # rank 0's store gone: the job is ending, the watchdog says why
                     pass
             return
         self._queue.put(window)
 
     def _run(self) -> None:
-        """Rank 0's thread: each window of its own as it comes; the others' as soon as the store has them."""
+        """A host's first rank's thread: each window of its own as it comes; the others' as soon as the store
+        has them."""
         while True:
             try:
-                item = self._queue.get(timeout=POLL_S if self.pending else None)
+                item = self._queue.get(timeout=POLL_S if self.pending or self.parts else None)
             except queue.Empty:
                 item = None
             if isinstance(item, tuple) and item[0] is _CLOSE:
                 self._collect(within_s=item[1])
+                if self.rank == 0 and self.hosts > 1:
+                    self._collect_parts(within_s=item[1])
                 return
             if item is not None:
-                if self.contention is not None:
+                if self.contention is not None and self.rank == 0:
                     self.laps[item["window"]] = self.contention.lap()
-                self.pending.setdefault(item["window"], {})[0] = item
+                self.pending.setdefault(item["window"], {})[self.rank] = item
             self._collect()
+            if self.rank == 0 and self.hosts > 1:
+                self._collect_parts()
+                self._say_targets()
             self.thread_s = time.thread_time()
 
     def _collect(self, *, within_s: float = 0.0) -> None:
-        """Combine, in order, every pending window all ranks have posted. With `within_s` (the end): wait that
-        long for the missing, then combine each with what came."""
+        """Combine, in order, every pending window all of this host's ranks (or the job's) have posted. With
+        `within_s` (the end): wait that long for the missing, then combine each with what came."""
         deadline = time.monotonic() + within_s
+        host = self.first if self.hosts > 1 else None
         while self.pending:
             index = min(self.pending)
             have = self.pending[index]
             late = time.monotonic() >= deadline
             give_up = len(self.pending) > MAX_PENDING or (within_s and late)
-            if len(have) < self.world_size and self.control is not None and not self.control.gone:
+            if len(have) < self.size and self.control is not None and not self.control.gone:
                 try:  # every other rank's at once, when all are there (or, giving up, those that are)
                     have.update((w["rank"], w) for w in self.control.windows(
-                        index, self.world_size - len(have), now=give_up))
+                        index, self.size - len(have), now=give_up, host=host))
                 except Exception:  # rank 0's own store: it answers while this process lives, unless stopped
                     pass
-            if len(have) == self.world_size or give_up:
-                self._export(combine(list(self.pending.pop(index).values()), link=self.link))
+            if len(have) == self.size or give_up:
+                self._combined(list(self.pending.pop(index).values()))
+            elif late:
+                return
+            else:
+                time.sleep(0.05)
+
+    def _combined(self, windows: list[dict]) -> None:
+        """This host's (or the job's) windows of one index, all there or given up on."""
+        if self.hosts == 1:
+            self._export(combine(windows, link=self.link))
+            return
+        if self.metrics is not None:  # this host's ranks' series, on this host's endpoint
+            self.metrics.add(combine(windows, link=self.link), findings=False)
+        part = summarize(windows)
+        if self.rank == 0:
+            self.parts.setdefault(part["window"], {})[part["first"]] = part
+        elif self.control is not None and not self.control.gone:
+            try:
+                self.control.post_window(part["window"], part)
+            except Exception:  # rank 0's store gone: the job is ending
+                pass
+
+    def _collect_parts(self, *, within_s: float = 0.0) -> None:
+        """rank 0 of a job of several hosts: combine, in order, every window whose hosts' parts are all there."""
+        deadline = time.monotonic() + within_s
+        while self.parts:
+            index = min(self.parts)
+            have = self.parts[index]
+            late = time.monotonic() >= deadline
+            give_up = len(self.parts) > MAX_PENDING or (within_s and late)
+            if len(have) < self.hosts and self.control is not None and not self.control.gone:
+                try:
+                    have.update((p["first"], p) for p in self.control.windows(index, self.hosts - len(have),
+                                                                               now=give_up))
+                except Exception:
+                    pass
+            if len(have) == self.hosts or give_up:
+                self._export(combine_hosts(list(self.parts.pop(index).values())))
             elif late:
                 return
             else:
@@ -147,15 +207,51 @@ class Live:
         self.held.update(job)
         self.last = job
         if self.metrics is not None:
-            self.metrics.add(job)
+            if self.hosts == 1:
+                self.metrics.add(job)
+            else:
+                self.metrics.found(job)
         if self.log is not None:
             self.log.write(job)
         if self.show is not None:
             self.show(line(job))
 
+    def _post_endpoint(self) -> None:
+        """This host's endpoint, for rank 0 to list: where Prometheus reaches it from another host."""
+        address = self.cfg.address
+        if address in ("0.0.0.0", "::", ""):
+            address = reachable(self.control.host) if self.control.host else socket.gethostname()
+        try:
+            self.control.post_endpoint({"host": socket.gethostname(),
+                                        "target": f"{_host(address)}:{self.metrics.port}"})
+        except Exception:  # the store gone: the job is ending
+            pass
+
+    def _say_targets(self) -> None:
+        """rank 0: once more hosts' endpoints are in, the scrape targets written (--metrics-targets) and said."""
+        if self.metrics is None or self._targets_said >= self.hosts or self.control is None or self.control.gone:
+            return
+        try:
+            found = self.control.endpoints()
+        except Exception:
+            return
+        if len(found) <= self._targets_said:
+            return
+        self._targets_said = len(found)
+        found = sorted(found, key=lambda e: e["host"])
+        if self.cfg.targets:
+            write_targets(self.cfg.targets, found)
+        if len(found) == self.hosts:
+            shown = ", ".join(f"http://{e['target']}/metrics" for e in found[:3])
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            where = (f"; Prometheus file_sd targets in {self.cfg.targets}" if self.cfg.targets else
+                     "; --metrics-targets FILE writes them for Prometheus' file_sd")
+            sys.stderr.write(f"commprof: live metrics on {len(found)} hosts' endpoints, one a host: {shown}{more}"
+                             f"{where}\n")
+
     def close(self, reason: str = "complete") -> None:
-        """The end of the job, or of this rank's part in it (`reason` why): the last window posted; rank 0
-        combines what came, ends its log and closes the endpoint."""
+        """The end of the job, or of this rank's part in it (`reason` why): the last window posted; a host's
+        first rank combines what came, rank 0 ends its log; the endpoint closes."""
         if self.closed:
             return
         self.closed = True
@@ -166,7 +262,7 @@ class Live:
             return
         within = CLOSE_S if reason == "complete" else 0.5
         self._queue.put((_CLOSE, within))
-        self._thread.join(within + 2 * REPLY_S)
+        self._thread.join((2 if self.hosts > 1 else 1) * within + 2 * REPLY_S)
         if self.log is not None:
             self.log.end(reason)
         if self.metrics is not None:
@@ -197,12 +293,13 @@ holds is then what a 1,000-step one does."""
 
 
 def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None,
-           link=None) -> Live:
+           link=None, local_rank: int = 0, local_world_size: int | None = None) -> Live:
     """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
     clock = tracker.recorder.clock
     live = Live(cfg, rank=rank, world_size=world_size, control=control,
                 elapsed_ns=clock.elapsed_ns if clock.kind == "cuda" else None,
-                show=progress.say if rank == 0 else None, contention=contention, link=link)
+                show=progress.say if rank == 0 else None, contention=contention, link=link,
+                local_rank=local_rank, local_world_size=local_world_size)
     tracker.live = live.add
     tracker.keep = KEEP
     return live

@@ -133,7 +133,8 @@ class Session:
             self.live = monitor.attach(self.cfg.live, self.tracker, rank=self.world.rank,
                                        world_size=self.world.world_size, control=world.control,
                                        progress=self.tracker.progress, contention=rank.contention,
-                                       link=self.cfg.link)
+                                       link=self.cfg.link, local_rank=self.world.local_rank,
+                                       local_world_size=self.world.local_world_size)
             rank.on_failure(lambda code, message: self.live.close(message))
         if self.world.rank == 0:
             kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)

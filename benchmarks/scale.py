@@ -132,7 +132,6 @@ def live_collect(n: int, ctx: dict) -> dict:
     plane, store, clients = serve(n)
     ws = windows(n, ctx["fast"], ctx["slow"])
     post(clients, [(lambda c, w=w: _post_window(c, n, w)) for w in ws])
-    rss0 = rss()
     took, peak, got = measure(lambda: plane.windows(0, n))
     left = store.num_keys()
     return {"seconds": took, "peak_bytes": peak, "bytes": sum(len(json.dumps(w)) for w in got),
@@ -222,8 +221,8 @@ def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
                     count += 1
                     if count > iterations:
                         break
-                d = {**e, "ts": round(e["ts"] + shift, 3), "dur": round(e["dur"] * rnd.uniform(1 - JITTER, 1 + JITTER)
-                                                                         if e.get("cat") != "iteration" else e["dur"], 3)}
+                dur = e["dur"] if e.get("cat") == "iteration" else e["dur"] * rnd.uniform(1 - JITTER, 1 + JITTER)
+                d = {**e, "ts": round(e["ts"] + shift, 3), "dur": round(dur, 3)}
                 if e.get("cat") == "iteration":
                     d["name"] = f"iteration {count}"
                 events.append(d)
@@ -269,8 +268,8 @@ def findings(n: int, ctx: dict) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-PATHS = {"live_combine": live_combine, "live_hosts": live_hosts, "live_collect": live_collect, "scrape": scrape, "states": states,
-         "findings": findings}
+PATHS = {"live_combine": live_combine, "live_hosts": live_hosts, "live_collect": live_collect, "scrape": scrape,
+         "states": states, "findings": findings}
 FINDS = ("live_combine", "live_hosts", "findings")
 """The paths that name a straggler: each checked against its own 2-rank figure."""
 
@@ -363,7 +362,6 @@ def main() -> int:
     args = parse(p, QUICK)
     sizes = [int(s) for s in args.sizes.split(",")]
     fast, slow = recorded_windows(WINDOW)
-    from commprof.live.combine import combine
 
     ctx = {"fast": fast, "slow": slow, "iterations": args.iterations}
     out = {"iterations": args.iterations, "window": WINDOW, "fit_from": args.fit_from, "paths": {}}

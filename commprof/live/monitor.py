@@ -43,14 +43,16 @@ class Live:
     """This rank's part of a live job."""
 
     def __init__(self, cfg: LiveConfig, *, rank: int, world_size: int, control=None, elapsed_ns=None,
-                 show=None, contention=None, link=None, local_rank: int = 0, local_world_size: int | None = None) -> None:
+                 show=None, contention=None, link=None, local_rank: int = 0,
+                 local_world_size: int | None = None) -> None:
         self.cfg, self.rank, self.world_size, self.control = cfg, rank, world_size, control
         self.link = link
         """The link the ops cross (--link-rate, a perfmodel Fabric): the windows find `link` too; None: not."""
         self.contention = contention
         """rank 0: its host's record/contention.Contention, read once a window (None: not known)."""
         local = local_world_size or world_size
-        self.hosts = world_size // local if control is not None and local < world_size and world_size % local == 0 else 1
+        several = control is not None and local < world_size and world_size % local == 0
+        self.hosts = world_size // local if several else 1
         """The hosts the windows are combined by: 1, rank 0 combines every rank's window; more, each host's first
         local rank combines its own ranks' windows and rank 0 the hosts' parts (live/hosts.py)."""
         self.first = rank - local_rank if self.hosts > 1 else 0

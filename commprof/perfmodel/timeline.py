@@ -3,10 +3,11 @@ training thread was busy, the points where it issued each op, and the points whe
 
 Every op is named the same on every member of its group — (label, group, op, k) for the k-th such
 collective, (label, group, sender, receiver, k) for the k-th message of a pipeline link, the group a number
-standing for its member list — so a replay can join the ranks again. A wait is joined to the oldest op of its name and group issued before it and not yet waited on, and
-the last wait of a name and group in an iteration to every such op issued before it (a C++ reducer's one wait
-at the end of backward is on all of DDP's buckets: it blocks on each in turn, until the last completes); a
-blocking op blocks from its issue to the end of its own training-thread range.
+standing for its member list — so a replay can join the ranks again. A wait is joined to the oldest op of
+its name and group issued before it and not yet waited on, and the last wait of a name and group in an
+iteration to every such op issued before it (a C++ reducer's one wait at the end of backward is on all of
+DDP's buckets: it blocks on each in turn, until the last completes); a blocking op blocks from its issue to
+the end of its own training-thread range.
 
     commprof run --strategy ddp --nproc 2 --trace t/ --json r.json && commprof predict r.json --fabric …
 

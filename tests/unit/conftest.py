@@ -13,15 +13,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+# matplotlib's first import on a machine without its font cache asks fontconfig for the fonts (`fc-list`) to
+# build it: likewise here, once, not in the first test that draws a plot
+import matplotlib.font_manager  # noqa: F401,E402
 import pytest
 
 # torch.distributed's first import asks ldconfig for libdl (ctypes.util.find_library runs `ldconfig -p`): it
 # happens here, once, while the lane is collected, not inside whichever test would import it first
 import torch.distributed  # noqa: F401
-
-# matplotlib's first import on a machine without its font cache asks fontconfig for the fonts (`fc-list`) to
-# build it: likewise here, once, not in the first test that draws a plot
-import matplotlib.font_manager  # noqa: F401,E402
 
 
 class ProcessStarted(RuntimeError):

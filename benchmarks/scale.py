@@ -8,15 +8,23 @@ figures with ±JITTER of scheduling noise of its own. Every path runs commprof's
   live_combine    live/combine.py `combine`: one window of --window steps of every rank, into the job's window
                   and its findings (the windows folded by live/window.py's Fold from the recorded iterations)
   live_hosts      live/hosts.py: the same window combined host by host (PER_HOST ranks a host): each host's
-                  part folded by its first local rank (`summarize`), rank 0 combining the hosts' parts
-                  (`combine_hosts`); bytes: the parts rank 0 reads
+                  part folded by its first local rank (`summarize`), rank 0 reading every host's part from the
+                  store and combining them (`combine_hosts`): the figure; bytes: the parts rank 0 reads
   live_collect    comm/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
                   real TCPStore served in this process (the ranks' posts made beforehand by client threads);
                   the store's keys left after it (none: what was read is gone)
   scrape          live/export.py `Metrics`: one HTTP scrape of the endpoint after one combined window
+  host_scrape     the same in a job of several hosts: rank 0's endpoint serves its own host's ranks and the
+                  job's findings; every host's endpoint its own ranks
   states          comm/control.py `ControlPlane.states`: every rank's flight-recorder snapshot (comm/flight.py's
                   shape, the world group's member list in it) read back from the store on a failure; the
                   resident growth of this process, the store's server, as they were posted
+  findings        record/merge.py and findings/kinds.py: a traced job's end on rank 0 — the merged trace.json
+                  written from every rank's file (of 64 ranks at most), the findings read from those files —
+                  in a process of its own, whose peak RSS is the figure; --iterations measured iterations
+
+Memory is the growth of this process's resident set while the path ran (sampled every 10 ms), but for
+`findings`, whose figure is its own process's peak.
 
 Each path checks what it produced: the slowed rank named a straggler with its cost within 15 % of what the
 same path gives the 2-rank job, every rank's window read back. A path whose last size took longer than
@@ -36,6 +44,7 @@ import json
 import math
 import random
 import resource
+import subprocess
 import sys
 import threading
 import time
@@ -123,9 +132,17 @@ def live_hosts(n: int, ctx: dict) -> dict:
         by_host.setdefault(w["host"], []).append(w)
     host_s, _, _ = measure(lambda: summarize(by_host[f"node{(n - 1) // PER_HOST}"]))
     parts = [summarize(ws) for ws in by_host.values()]
-    took, peak, job = measure(lambda: combine_hosts(parts))
-    return {"seconds": took, "peak_bytes": peak, "host_seconds": host_s, "hosts": len(parts),
-            "bytes": sum(len(json.dumps(p)) for p in parts), "straggler": named(straggler(job))}
+    plane, store, clients = serve(n)
+    post(clients, [(lambda c, p=p: _post_window(c, n, {**p, "rank": p["first"]})) for p in parts])
+
+    def rank0():  # what rank 0's live thread does a window: read every host's part, combine them
+        got = plane.windows(0, len(parts))
+        return got, combine_hosts(got)
+
+    took, peak, (got, job) = measure(rank0)
+    return {"seconds": took, "peak_bytes": peak, "combine_seconds": measure(lambda: combine_hosts(parts))[0],
+            "host_seconds": host_s, "hosts": len(parts), "bytes": sum(len(json.dumps(p)) for p in parts),
+            "straggler": named(straggler(job)), **({} if len(got) == len(parts) else {"check": "parts lost"})}
 
 
 def live_collect(n: int, ctx: dict) -> dict:
@@ -158,6 +175,31 @@ def scrape(n: int, ctx: dict) -> dict:
         metrics.close()
     series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
     return {"seconds": took, "peak_bytes": peak, "bytes": len(body), "series": series, "check": "ok"}
+
+
+def host_scrape(n: int, ctx: dict) -> dict:
+    """A job of several hosts (PER_HOST ranks a host): one HTTP scrape of rank 0's endpoint, which serves its
+    own host's ranks and the job's findings (combined from every host's part) — each host's endpoint serves
+    its own ranks alike."""
+    from commprof.live.combine import combine
+    from commprof.live.export import Metrics
+    from commprof.live.hosts import combine_hosts, summarize
+
+    by_host: dict[str, list] = {}
+    for w in windows(n, ctx["fast"], ctx["slow"]):
+        by_host.setdefault(w["host"], []).append(w)
+    metrics = Metrics("127.0.0.1", 0)
+    try:
+        metrics.add(combine(by_host["node0"]), findings=False)
+        metrics.found(combine_hosts([summarize(ws) for ws in by_host.values()]))
+        url = f"http://127.0.0.1:{metrics.port}/metrics"
+        took, peak, body = measure(lambda: urllib.request.urlopen(url, timeout=600).read())
+    finally:
+        metrics.close()
+    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+    named_slow = f'subject="rank {n - 1}"' in body.decode() and 'kind="straggler"' in body.decode()
+    return {"seconds": took, "peak_bytes": peak, "bytes": len(body), "series": series,
+            "check": "ok" if named_slow else "the job's straggler is not on rank 0's endpoint"}
 
 
 def states(n: int, ctx: dict) -> dict:
@@ -242,9 +284,6 @@ def findings(n: int, ctx: dict) -> dict:
     import shutil
     import tempfile
 
-    from commprof.findings.kinds import of_trace
-    from commprof.record.merge import load, write_merged
-
     folder = Path(tempfile.mkdtemp(prefix="scale-"))
     try:
         files = []
@@ -252,24 +291,37 @@ def findings(n: int, ctx: dict) -> dict:
             files.append(folder / f"rank{rank}.trace.json")
             files[-1].write_text(json.dumps(events, separators=(",", ":")))
         ranks_bytes = sum(f.stat().st_size for f in files)
-        took_merge, peak_merge, path = measure(lambda: write_merged(folder, [lambda f=f: load(f) for f in files],
-                                                                    None))
-        took, peak, block = measure(lambda: of_trace(str(folder)))
+        # rank 0's end of the job in a process of its own: its peak memory is then the end's, not this world's
+        code = ("import json, resource, sys, time; from pathlib import Path; "
+                "from commprof.findings.kinds import of_trace; from commprof.record.merge import load, write_merged; "
+                "f = Path(sys.argv[1]); files = sorted(f.glob('rank*.trace.json'), key=lambda p: int(p.name[4:-11])); "
+                "t0 = time.perf_counter(); path = write_merged(f, [lambda p=p: load(p) for p in files], None); "
+                "t1 = time.perf_counter(); block = of_trace(str(f)); t2 = time.perf_counter(); "
+                "print(json.dumps({'merge_seconds': t1 - t0, 'findings_seconds': t2 - t1, 'block': block, "
+                "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))")
+        proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
+        if proc.returncode:
+            return {"seconds": 0.0, "peak_bytes": 0, "check": proc.stderr.strip().splitlines()[-1]}
+        got = json.loads(proc.stdout.splitlines()[-1])
+        block, path = got["block"], folder / "trace.json"
+        took = got["merge_seconds"] + got["findings_seconds"]
         if block.get("items") is None:
-            return {"seconds": took, "peak_bytes": peak, "check": block["why"]}
+            return {"seconds": took, "peak_bytes": got["rss"], "check": block["why"]}
         found = next((f for f in block["items"] if f["kind"] == "straggler"), None)
         held = (json.loads(path.read_text())["otherData"].get("held") or {}).get("ranks")
         if held is not None and found is not None and found["rank"] not in held:
-            return {"seconds": took, "peak_bytes": peak, "check": f"the merged trace leaves out rank {found['rank']}"}
-        return {"seconds": took + took_merge, "peak_bytes": max(peak, peak_merge), "merge_seconds": took_merge,
-                "findings_seconds": took, "bytes": path.stat().st_size, "rank_files_bytes": ranks_bytes,
-                "merged_ranks": n if held is None else len(held), "straggler": named(found)}
+            return {"seconds": took, "peak_bytes": got["rss"],
+                    "check": f"the merged trace leaves out rank {found['rank']}"}
+        return {"seconds": took, "peak_bytes": got["rss"], "merge_seconds": got["merge_seconds"],
+                "findings_seconds": got["findings_seconds"], "bytes": path.stat().st_size,
+                "rank_files_bytes": ranks_bytes, "merged_ranks": n if held is None else len(held),
+                "straggler": named(found)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 PATHS = {"live_combine": live_combine, "live_hosts": live_hosts, "live_collect": live_collect, "scrape": scrape,
-         "states": states, "findings": findings}
+         "host_scrape": host_scrape, "states": states, "findings": findings}
 FINDS = ("live_combine", "live_hosts", "findings")
 """The paths that name a straggler: each checked against its own 2-rank figure."""
 

@@ -84,13 +84,16 @@ def combine_hosts(parts: list[dict], *, threshold: float = THRESHOLD) -> dict:
     ranks = sum(p["ranks"] for p in parts)
     found = _straggler(parts, step_ms, threshold) + _from_ops(parts, step_ms, ranks)
     found = sorted((f for f in found if f["ms_per_step"] >= threshold * step_ms), key=lambda f: -f["ms_per_step"])
-    hosts = [{"host": p["host"], "ranks": p["ranks"], "step_ms": p["step_ms"], "busy_ms_median": p["busy_ms_median"],
-              "blocked_ms_median": p["blocked_ms_median"], "step_ms_range": p["per_rank"]["step_ms"],
-              "busy_ms_range": p["per_rank"]["busy_ms"]} for p in parts]
+    transfer = min(p["least_blocked"][0][1] for p in parts)  # the least any rank was blocked: the transfer
+    hosts = [{"host": p["host"], "first_rank": p["first"], "ranks": p["ranks"], "step_ms": p["step_ms"],
+              "busy_ms_median": p["busy_ms_median"], "blocked_ms_median": p["blocked_ms_median"],
+              "step_ms_range": p["per_rank"]["step_ms"], "busy_ms_range": p["per_rank"]["busy_ms"],
+              "waiting_ms_max": p["most_blocked"][0][1] - transfer, "ops": sum(o[0] for o in p["ops"].values())}
+             for p in parts]
     return {"window": parts[0]["window"], "first_step": min(p["first_step"] for p in parts),
             "last_step": max(p["last_step"] for p in parts), "steps": min(p["steps"] for p in parts),
-            "time": max(p["time"] for p in parts), "step_ms": step_ms, "world_size": ranks, "hosts": hosts,
-            "ranks": [], "findings": found}
+            "time": max(p["time"] for p in parts), "step_ms": step_ms, "world_size": ranks, "transfer_ms": transfer,
+            "hosts": hosts, "ranks": [], "findings": found}
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

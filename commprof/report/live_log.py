@@ -59,7 +59,8 @@ def read(path: str, not_ours: str) -> dict:
                         end = doc["end"]
                         continue
                     if windows:
-                        windows[-1]["ranks"] = summary(windows[-1]["ranks"])
+                        windows[-1]["ranks"] = summary(windows[-1])
+                        windows[-1].pop("hosts", None)
                     windows.append(doc)
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{part}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
@@ -68,13 +69,20 @@ def read(path: str, not_ours: str) -> dict:
     return {"windows": windows, "end": end, "cut": cut}
 
 
-def summary(ranks: list | dict) -> dict:
-    """A window's per-rank figures as the windows table shows them: how many, the least and most busy, the
-    longest wait."""
+def summary(window: dict) -> dict:
+    """A window's per-rank figures as the windows table shows them: how many ranks, the least and most busy,
+    the longest wait, the ops — from its ranks, or from its hosts' figures (a job of several hosts)."""
+    ranks = window["ranks"]
     if isinstance(ranks, dict):
         return ranks
+    if not ranks and window.get("hosts"):
+        hosts = window["hosts"]
+        return {"count": window["world_size"], "busy_min": min(h["busy_ms_range"][0] for h in hosts),
+                "busy_max": max(h["busy_ms_range"][1] for h in hosts),
+                "waiting_max": max(h["waiting_ms_max"] for h in hosts), "ops": sum(h["ops"] for h in hosts)}
     return {"count": len(ranks), "busy_min": min(r["busy_ms"] for r in ranks),
-            "busy_max": max(r["busy_ms"] for r in ranks), "waiting_max": max(r["waiting_ms"] for r in ranks)}
+            "busy_max": max(r["busy_ms"] for r in ranks), "waiting_max": max(r["waiting_ms"] for r in ranks),
+            "ops": sum(agg[0] for r in ranks for agg in r["ops"].values())}
 
 
 def looks_live(path: str) -> bool:
@@ -121,8 +129,8 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
     from rich.table import Table
 
     windows = doc["windows"]
-    ranks = len(windows[-1]["ranks"])
-    last = windows[-1]["ranks"]
+    last = summary(windows[-1])
+    ranks = last["count"]
     console.print(f"live log: {len(windows)} window(s), steps {windows[0]['first_step']}-{windows[-1]['last_step']}, "
                   f"{ranks} rank(s); " + (f"ended: {doc['end']}" if doc["end"] else "no end line (still running, "
                                                                                    "or its rank 0 died)")
@@ -140,15 +148,15 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
     for name in ("steps", "step ms", "busy ms (min–max rank)", "waiting ms (max)", "top finding"):
         table.add_column(name, justify="left" if name in ("steps", "top finding") else "right")
     for w in shown:
-        figures = summary(w["ranks"])
+        figures = summary(w)
         top = w["findings"][0] if w["findings"] else None
         table.add_row(f"{w['first_step']}-{w['last_step']}", f"{w['step_ms']:.2f}",
                       f"{figures['busy_min']:.2f}–{figures['busy_max']:.2f}", f"{figures['waiting_max']:.2f}",
                       "" if top is None else f"{top['kind']} {subject(top)} {top['ms_per_step']:.2f} ms "
                                              f"({top['share_of_step']:.0%})")
     console.print(table)
-    ops = sum(agg[0] for r in last for agg in r["ops"].values())
-    console.print(f"last window: {ops:,} op(s) over {ranks} rank(s)", highlight=False)
+    hosts = f" on {len(windows[-1]['hosts'])} host(s)" if windows[-1].get("hosts") else ""
+    console.print(f"last window: {last['ops']:,} op(s) over {ranks} rank(s){hosts}", highlight=False)
     return [plot(windows, Path(plot_dir) / "live.png")] if plot_dir else []
 
 

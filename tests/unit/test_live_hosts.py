@@ -67,3 +67,21 @@ def test_a_hosts_part_is_the_same_size_whatever_its_ranks():
         return len(json.dumps(summarize(windows)))
 
     assert size(64) <= size(16) * 1.1
+
+
+def test_report_reads_the_log_of_a_job_combined_host_by_host(tmp_path, capsys):
+    from commprof import cli
+    from commprof.live.export import LiveLog
+
+    path = str(tmp_path / "live.jsonl")
+    log = LiveLog(path)
+    for k in range(3):
+        windows = _windows([10.0] * 15 + [40.0], [31.0] * 15 + [1.0], jitter=0.5, seed=k)
+        job = combine_hosts(_by_host(windows, 4))
+        job["first_step"], job["last_step"] = 20 * k, 20 * k + 19
+        log.write(job)
+    log.end("complete")
+    assert cli.main(["report", path]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "live log: 3 window(s), steps 0-59, 16 rank(s); ended: complete" in out
+    assert "straggler rank 15" in out and "over 16 rank(s) on 4 host(s)" in out

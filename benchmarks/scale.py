@@ -292,13 +292,15 @@ def findings(n: int, ctx: dict) -> dict:
             files[-1].write_text(json.dumps(events, separators=(",", ":")))
         ranks_bytes = sum(f.stat().st_size for f in files)
         # rank 0's end of the job in a process of its own: its peak memory is then the end's, not this world's
-        code = ("import json, resource, sys, time; from pathlib import Path; "
+        # (VmHWM: ru_maxrss outlives an exec, and would report the parent's)
+        code = ("import json, sys, time; from pathlib import Path; "
                 "from commprof.findings.kinds import of_trace; from commprof.record.merge import load, write_merged; "
                 "f = Path(sys.argv[1]); files = sorted(f.glob('rank*.trace.json'), key=lambda p: int(p.name[4:-11])); "
                 "t0 = time.perf_counter(); path = write_merged(f, [lambda p=p: load(p) for p in files], None); "
                 "t1 = time.perf_counter(); block = of_trace(str(f)); t2 = time.perf_counter(); "
                 "print(json.dumps({'merge_seconds': t1 - t0, 'findings_seconds': t2 - t1, 'block': block, "
-                "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))")
+                "'rss': next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))"
+                "}))")
         proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True)
         if proc.returncode:
             return {"seconds": 0.0, "peak_bytes": 0, "check": proc.stderr.strip().splitlines()[-1]}

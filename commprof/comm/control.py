@@ -33,7 +33,7 @@ import threading
 import time
 from datetime import timedelta
 
-from commprof.comm.flight import runs
+from commprof.comm.flight import gc_paused, runs
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
@@ -159,7 +159,8 @@ class ControlPlane:
         if not self._store.check([key]):
             return []
         lines = self._store.get(key).decode().splitlines()
-        return json.loads("[" + ",".join(line for line in lines if line) + "]")  # one parse, not one a line
+        with gc_paused():  # one parse, not one a line; no collection walks the process for each N windows' part
+            return json.loads("[" + ",".join(line for line in lines if line) + "]")
 
     def post_verdict(self, code: int, message: str) -> None:
         self._store.set(PREFIX + "verdict", json.dumps({"code": code, "message": message}))

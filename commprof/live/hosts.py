@@ -41,7 +41,7 @@ def summarize(windows: list[dict]) -> dict:
     busy = np.array([w["busy_by_step_ms"][:steps] for w in ranks], dtype=np.float64)
     blocked = np.array([w["blocked_by_step_ms"][:steps] for w in ranks], dtype=np.float64)
     order = np.argsort(-blocked, axis=0, kind="stable")
-    top = [[[ranks[order[k, i]]["rank"], float(blocked[order[k, i], i])] for k in range(min(2, len(ranks)))]
+    top = [[[ranks[order[k, i]]["rank"], round(float(blocked[order[k, i], i]), 4)] for k in range(min(2, len(ranks)))]
            for i in range(steps)]
     ops: dict[str, list] = {}
     for w in ranks:
@@ -59,12 +59,12 @@ def summarize(windows: list[dict]) -> dict:
         "steps": min(w["steps"] for w in ranks), "time": max(w["time"] for w in ranks),
         "step_ms": max(w["step_ms"] for w in ranks), "busy_ms_median": statistics.median(w["busy_ms"] for w in ranks),
         "blocked_ms_median": statistics.median(w["blocked_ms"] for w in ranks),
-        "busy_by_step_median": np.median(busy, axis=0).tolist(), "blocked_by_step_top": top,
+        "busy_by_step_median": _us(np.median(busy, axis=0)), "blocked_by_step_top": top,
         "candidates": [{"rank": ranks[k]["rank"], "host": ranks[k]["host"], "busy_ms": ranks[k]["busy_ms"],
-                        "blocked_ms": ranks[k]["blocked_ms"], "busy_by_step_ms": busy[k].tolist(),
-                        "blocked_by_step_ms": blocked[k].tolist(),
+                        "blocked_ms": ranks[k]["blocked_ms"], "busy_by_step_ms": _us(busy[k]),
+                        "blocked_by_step_ms": _us(blocked[k]),
                         # the host's others' median, step by step: what its own host weighs without it
-                        "host_busy_without": (np.median(np.delete(busy, k, axis=0), axis=0).tolist()
+                        "host_busy_without": (_us(np.median(np.delete(busy, k, axis=0), axis=0))
                                               if len(ranks) > 1 else None)} for k in by_busy],
         "most_blocked": [[w["rank"], w["blocked_ms"]] for w in by_blocked[:PEERS_SHOWN + 1]],
         "least_blocked": [[w["rank"], w["blocked_ms"]] for w in by_blocked[::-1][:2]],
@@ -73,6 +73,12 @@ def summarize(windows: list[dict]) -> dict:
         "per_rank": {"step_ms": [min(w["step_ms"] for w in ranks), max(w["step_ms"] for w in ranks)],
                      "busy_ms": [min(w["busy_ms"] for w in ranks), max(w["busy_ms"] for w in ranks)]},
     }
+
+
+def _us(values: np.ndarray) -> list[float]:
+    """Milliseconds to a tenth of a microsecond: a part's bytes are mostly these numbers, and a clock's
+    resolution, not 17 digits, is what they hold."""
+    return np.round(values, 4).tolist()
 
 
 def combine_hosts(parts: list[dict], *, threshold: float = THRESHOLD) -> dict:

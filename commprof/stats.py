@@ -6,12 +6,15 @@ p50/p99/min/max are over iterations of the per-iteration agg across ranks.
 algbw = size / time; busbw = algbw × the collective's factor (2(n−1)/n for all_reduce, …). GB = 1e9 B.
 median_ci: the 95 % confidence interval of a median (benchmarks' rounds, findings' iterations).
 others_median, others_max: every rank's peers' median and most, step by step, from each step's sorted column.
+gc_paused: the cyclic collector off while every rank's records are read or searched (they hold no cycle).
 Exercised by: `pytest tests/unit/test_units_stats.py -k summarize`.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -86,3 +89,16 @@ def others_max(values: np.ndarray) -> np.ndarray:
     out = np.broadcast_to(first, values.shape).copy()
     out[top, np.arange(values.shape[1])] = second
     return out
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic collector off meanwhile: reading or searching every rank's record makes many containers and
+    no cycle, and each collection they set off walks the whole process (N^1.3 at 16,384 ranks)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()

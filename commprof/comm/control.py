@@ -33,7 +33,8 @@ import threading
 import time
 from datetime import timedelta
 
-from commprof.comm.flight import gc_paused, runs
+from commprof.comm.flight import runs
+from commprof.stats import gc_paused
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0

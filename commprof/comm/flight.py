@@ -16,15 +16,14 @@ Exercised by: `pytest tests/unit/test_failure_diagnosis.py tests/test_failures.p
 
 from __future__ import annotations
 
-import gc
 import json
 from bisect import bisect_right
-from contextlib import contextmanager
 from pathlib import Path
 
 from commprof.comm.dtypes import dtype_name
 from commprof.measurement import P2P
 from commprof.report.units import format_bytes
+from commprof.stats import gc_paused
 
 
 def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:
@@ -45,19 +44,6 @@ def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:
 
 def describe(name: str, nbytes: int, dtype: str | None) -> str:
     return f"{name} {format_bytes(nbytes)}{' ' + dtype if dtype else ''}"
-
-
-@contextmanager
-def gc_paused():
-    """The cyclic collector off meanwhile: reading or searching every rank's record makes many containers and
-    no cycle, and each collection they set off walks the whole process (N^1.3 at 16,384 ranks)."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 def first_divergence(snapshots: dict[int, dict]) -> str | None:

@@ -44,7 +44,7 @@ from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.perfmodel.timeline import Measured
-from commprof.stats import median_ci, others_median
+from commprof.stats import gc_paused, median_ci, others_median
 
 THRESHOLD = 0.03
 """Smallest share of the step a finding must cost to be reported."""
@@ -245,10 +245,11 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | Non
     from commprof.perfmodel.timeline import load
 
     try:
-        m = load(directory)
-        a = analyze(m)
-        block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
-                 "by_rank": by_rank(a), "step_ms": a.step_ms}
+        with gc_paused():  # every rank's programs: many containers, no cycle
+            m = load(directory)
+            a = analyze(m)
+            block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
+                     "by_rank": by_rank(a), "step_ms": a.step_ms}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it

@@ -8,9 +8,14 @@ one on the terminal's progress line — the training thread only folds and hands
     tracker.live = live.add             # after each measured iteration (record/hooks.py)
     live.close("complete")              # the last window, the log's end line, the endpoint gone
 
-What a rank keeps is one window and, on rank 0, the windows still waiting for a rank (a rank behind by more
-than MAX_PENDING windows has its oldest combined without it): memory does not grow with the job.
-Exercised by: `pytest tests/test_live_jobs.py`.
+In a job of several hosts (a local world smaller than the world) each host's first local rank does rank 0's
+part for its own ranks — combines their windows, serves their series on its own endpoint — and posts one
+bounded part (live/hosts.py) to rank 0, which combines the hosts' parts into the job's window, log, line and
+findings, and lists every host's endpoint (--metrics-targets: Prometheus' file_sd).
+
+What a rank keeps is one window and, on a host's first rank, the windows still waiting for a rank (a rank
+behind by more than MAX_PENDING windows has its oldest combined without it): memory does not grow with the job.
+Exercised by: `pytest tests/test_live_jobs.py tests/test_live_hosts.py`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ reaching into `commprof bench` or `commprof run`.
   ALIGNED       what the aligned iteration's name carries after "iteration N" (record/aligned.py)
   SOURCES       the data source names `--data` takes
   Members       a group's global ranks as one shared tuple whose hash is computed once; `member_args` and
-                `members_of` write and read them in a trace (runs of consecutive ranks for a large group)
+                `members_of` write and read them in a trace (`runs` of consecutive ranks for a large group)
 
 Imports nothing from commprof. Exercised by: `pytest tests/unit/test_units_stats.py tests/unit/test_breakdown.py
 -k "bus_factors or wire_factors"`.
@@ -109,15 +109,19 @@ def member_args(members) -> dict:
     """A trace's thread_name args for a group: {"members": [...]}, or {"member_runs": [[first, last], ...]}
     above MEMBERS_LISTED ranks (the world group of 16,384 ranks is one pair, not 16,384 numbers per rank)."""
     members = list(members)
-    if len(members) <= MEMBERS_LISTED:
-        return {"members": members}
-    runs: list[list[int]] = []
-    for r in members:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
+    return {"members": members} if len(members) <= MEMBERS_LISTED else {"member_runs": runs(members)}
+
+
+def runs(ranks) -> list[list[int]]:
+    """Sorted ranks as runs [first, last] of consecutive ones: the world group of 16,384 ranks is one pair, not
+    16,384 numbers (a trace's group, a snapshot on the control plane, a line naming ranks)."""
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
         else:
-            runs.append([r, r])
-    return {"member_runs": runs}
+            out.append([r, r])
+    return out
 
 
 def members_of(args: dict, known: dict | None = None) -> Members | None:

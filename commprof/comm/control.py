@@ -33,7 +33,7 @@ import threading
 import time
 from datetime import timedelta
 
-from commprof.comm.flight import runs
+from commprof.measurement import runs
 from commprof.stats import gc_paused
 
 PREFIX = "commprof/"

@@ -21,7 +21,7 @@ from bisect import bisect_right
 from pathlib import Path
 
 from commprof.comm.dtypes import dtype_name
-from commprof.measurement import P2P
+from commprof.measurement import P2P, runs
 from commprof.report.units import format_bytes
 from commprof.stats import gc_paused
 
@@ -109,18 +109,6 @@ def name_ranks(ranks: list[int]) -> str:
     text = ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans[:RUNS_SHOWN])
     more = sum(b - a + 1 for a, b in spans[RUNS_SHOWN:])
     return f"ranks {text}" + (f" and {more} more" if more else "")
-
-
-def runs(ranks) -> list[list[int]]:
-    """Sorted ranks as runs [first, last] of consecutive ones: the world group of 16,384 ranks is one pair, not
-    16,384 numbers in every rank's snapshot on the control plane."""
-    out: list[list[int]] = []
-    for r in ranks:
-        if out and r == out[-1][1] + 1:
-            out[-1][1] = r
-        else:
-            out.append([r, r])
-    return out
 
 
 def _within(rank: int, spans: tuple) -> bool:

@@ -14,7 +14,7 @@ blocked beyond its own blocked time.
     part = summarize(windows_of_this_host)         # a host's first local rank
     job = combine_hosts(parts)                     # rank 0
 
-Exercised by: `pytest tests/unit/test_live_hosts.py`.
+Exercised by: `pytest tests/unit/test_live_parts.py`.
 """
 
 from __future__ import annotations

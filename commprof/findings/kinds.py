@@ -241,15 +241,19 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | Non
     """The findings of the merged trace in `directory` as the JSON's "findings" block: {"threshold", "items",
     "by_rank", "trace_slices"} (the slices by cause it added to DIR/trace.json: findings/slices.py), or {"threshold",
     "items": None, "why"} when the trace cannot be matched (no measured iteration, say)."""
+    with gc_paused():  # every rank's programs: many containers, no cycle, all let go before the collector is back
+        return _of_trace(directory, threshold, link)
+
+
+def _of_trace(directory: str, threshold: float, link: Fabric | None) -> dict:
     from commprof.errors import UsageError
     from commprof.perfmodel.timeline import load
 
     try:
-        with gc_paused():  # every rank's programs: many containers, no cycle
-            m = load(directory)
-            a = analyze(m)
-            block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
-                     "by_rank": by_rank(a), "step_ms": a.step_ms}
+        m = load(directory)
+        a = analyze(m)
+        block = {"threshold": threshold, "items": find(m, threshold=threshold, link=link, a=a),
+                 "by_rank": by_rank(a), "step_ms": a.step_ms}
     except UsageError as exc:
         return {"threshold": threshold, "items": None, "why": str(exc)}
     except Exception as exc:  # an analysis that fails must not take the job's measured results with it

@@ -19,6 +19,10 @@ figures with ±JITTER of scheduling noise of its own. Every path runs commprof's
   states          comm/control.py `ControlPlane.states`: every rank's flight-recorder snapshot (comm/flight.py's
                   shape, the world group's member list in it) read back from the store on a failure; the
                   resident growth of this process, the store's server, as they were posted
+  listen          comm/watchdog.py's listeners: LISTENERS ranks spread over the world, each a real Watchdog over
+                  a TCPStore client of its own, for 4 of their intervals; the store calls each made in the last
+                  3, counted on the way to the store: the job's calls a second (`calls_per_s`, the figure
+                  fitted) are their mean rate times the world size; `seconds`: the time measured
   findings        record/merge.py and findings/kinds.py: a traced job's end on rank 0 — the merged trace.json
                   written from every rank's file (of 64 ranks at most), the findings read from those files —
                   in a process of its own, whose peak RSS is the figure; --iterations measured iterations
@@ -64,6 +68,8 @@ WINDOW = 20
 POSTERS = 16
 """Client threads posting the simulated ranks' keys (a client per rank would be 16,384 sockets)."""
 TOLERANCE = 0.15
+LISTENERS = 32
+"""Ranks whose watchdog listens for real in the `listen` path."""
 
 
 # ---- the world ----------------------------------------------------------------------------------------
@@ -227,6 +233,54 @@ def states(n: int, ctx: dict) -> dict:
             "check": "ok" if whole and desync is None else f"read {len(got)} of {n}, desync {desync}"}
 
 
+class Counted:
+    """A store client whose calls are counted."""
+
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, 0
+
+    def __getattr__(self, name: str):
+        value = getattr(self.store, name)
+        if not callable(value):
+            return value
+
+        def call(*args):
+            self.calls += 1
+            return value(*args)
+
+        return call
+
+
+def listen(n: int, ctx: dict) -> dict:
+    import types
+
+    import torch.distributed as dist
+
+    from commprof.comm.control import ControlPlane
+    from commprof.comm.watchdog import LISTEN_RATE, Watchdog, listen_s
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    ranks = sorted({r * n // LISTENERS for r in range(LISTENERS)})
+    clients = [Counted(dist.TCPStore("127.0.0.1", store.port, 1, False)) for _ in ranks]
+    dogs = [Watchdog(types.SimpleNamespace(control=ControlPlane(c, rank=r, world_size=n),
+                                           recorder=types.SimpleNamespace(comms=[])), timeout_s=60.0, rank=r)
+            for r, c in zip(ranks, clients)]
+    every = listen_s(n, 0.2)
+    for dog in dogs:
+        dog.__enter__()
+    time.sleep(every)  # each rank's first check is within its first interval
+    start, before = time.perf_counter(), sum(c.calls for c in clients)
+    time.sleep(3 * every)
+    took, calls = time.perf_counter() - start, sum(c.calls for c in clients) - before
+    for dog in dogs:
+        dog._stop.set()
+        dog._join()
+    rate = calls / len(ranks) / took * n
+    bound = max(n / 0.2, LISTEN_RATE) * 1.25
+    return {"seconds": took, "peak_bytes": 0, "calls_per_s": rate, "interval_s": every,
+            "check": "ok" if 0 < rate <= bound else f"{rate:.0f} calls/s, over {bound:.0f}"}
+
+
 def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
     """n ranks' trace events: rank n-1 the recorded slowed rank's file, the others the recorded rank 0's, each
     span's duration jittered (issue times kept: the ranks met as recorded), the measured iterations repeated
@@ -323,9 +377,11 @@ def findings(n: int, ctx: dict) -> dict:
 
 
 PATHS = {"live_combine": live_combine, "live_hosts": live_hosts, "live_collect": live_collect, "scrape": scrape,
-         "host_scrape": host_scrape, "states": states, "findings": findings}
+         "host_scrape": host_scrape, "states": states, "listen": listen, "findings": findings}
 FINDS = ("live_combine", "live_hosts", "findings")
 """The paths that name a straggler: each checked against its own 2-rank figure."""
+FITTED = {"listen": "calls_per_s"}
+"""The figure a path's exponent is fitted to, where it is not its seconds."""
 
 
 # ---- measuring ----------------------------------------------------------------------------------------
@@ -432,9 +488,11 @@ def main() -> int:
             rows.append(row)
             failed |= row["check"] != "ok"
             print(f"{name:13} {n:6d} ranks {row['seconds']:9.3f} s  {row['peak_bytes'] / 2**20:8.1f} MiB peak  "
-                  f"{row.get('bytes', 0) / 1e6:9.2f} MB  {row['check']}", flush=True)
+                  f"{row.get('bytes', 0) / 1e6:9.2f} MB  {row['check']}"
+                  + (f"  {row['calls_per_s']:.0f} calls/s" if "calls_per_s" in row else ""), flush=True)
         ran = [r for r in rows if "seconds" in r]
-        out["paths"][name] = {"rows": rows, "exponent": exponent(ran, start=args.fit_from), "two_ranks": reference}
+        out["paths"][name] = {"rows": rows, "exponent": exponent(ran, FITTED.get(name, "seconds"), args.fit_from),
+                              "two_ranks": reference}
         print(f"{name:13} exponent from {args.fit_from:,} ranks: {out['paths'][name]['exponent']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

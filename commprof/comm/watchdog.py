@@ -1,10 +1,10 @@
 """Watchdog: how a rank's failure becomes the job's one line and one exit code.
 
 A daemon thread, the timer, samples every Comm's busy state (two attribute stores per op on the hot path);
-a second one, the listener, polls the control plane for a peer's claim. The timer never touches the
-network, so no peer — not even rank 0 stopped with the store — can hold its deadline back; every control-
-plane call is bounded as well (comm/control.py). An op busy for longer than --timeout, or a CommprofError
-leaving the `with Watchdog(...)` block, is a failure:
+a second one, the listener, polls the control plane for a peer's claim (less often in a large job:
+LISTEN_RATE). The timer never touches the network, so no peer — not even rank 0 stopped with the store —
+can hold its deadline back; every control-plane call is bounded as well (comm/control.py). An op busy for
+longer than --timeout, or a CommprofError leaving the `with Watchdog(...)` block, is a failure:
 
   1. the rank claims it on the control plane (comm/control.py); if a peer claimed first, this rank only
      answers: it posts its flight record and exits, quietly, with the peer's verdict;
@@ -41,6 +41,15 @@ ACK_S = 5.0
 GO_S = 1.5
 """How long an answering rank waits, at most, for the claimant's go once it acked (under the control plane's
 2 s bound on a store call)."""
+LISTEN_RATE = 4000.0
+"""How many times a second the job's listeners together check the store for a claim, at most: each rank checks
+every `poll_s` (0.2 s) up to 800 ranks, then less often (4.1 s at 16,384 ranks), so the store's load stays a
+few per cent of what one TCPStore serves, not 5 calls a second a rank (82,000/s at 16,384 ranks)."""
+
+
+def listen_s(world_size: int, poll_s: float) -> float:
+    """How often one rank checks the store for a peer's claim in a job of `world_size` ranks."""
+    return max(poll_s, world_size / LISTEN_RATE)
 
 
 class Watchdog:
@@ -53,6 +62,11 @@ class Watchdog:
         self._rank = rank
         self._dump_dir = dump_dir
         self._poll_s = min(poll_s, timeout_s / 4)
+        self._world = comm.control.world_size if comm.control is not None else 1
+        self._listen_s = listen_s(self._world, self._poll_s)
+        self._answer_s = min(ANSWER_S, timeout_s) + self._listen_s - self._poll_s
+        """How long the claimant waits for its peers' records: ANSWER_S, and the longer a large job's ranks
+        take to hear the claim."""
         self._salvage: list = []
         self._writing = False
         """The failure is a file that could not be written: another refused write in the salvage is not said."""
@@ -113,7 +127,11 @@ class Watchdog:
                         "(--timeout): a peer rank stalled or died"))
 
     def _listen(self) -> None:
-        while not self._stop.wait(self._poll_s):
+        # the ranks' checks spread evenly over the interval, not all at once
+        first = self._listen_s * self._rank / self._world if self._listen_s > self._poll_s else 0.0
+        if self._stop.wait(first):
+            return
+        while not self._stop.wait(self._listen_s):
             control = self._comm.control
             if control is None:
                 return
@@ -142,7 +160,7 @@ class Watchdog:
                 if not control.claim(code, message):
                     self._answer(control.claimed(), locked=True)
                 control.post_state(self._snapshot(message))
-                states = control.states(within_s=min(ANSWER_S, self._timeout_s))
+                states = control.states(within_s=self._answer_s)
                 answered = [r for r in states if r != self._rank]
                 code, message = _verdict(code, message, states, control.world_size, self._rank)
             except Exception:  # the control plane is gone with rank 0: say what this rank saw
@@ -193,7 +211,7 @@ class Watchdog:
         code, message = claim["code"], claim["message"]
         try:
             control.post_state(self._snapshot(f"answering rank {claim['rank']}"))
-            verdict = control.verdict(within_s=min(ANSWER_S, self._timeout_s) + 2.0)
+            verdict = control.verdict(within_s=self._answer_s + 2.0)
             if verdict is not None:
                 code, message = verdict["code"], verdict["message"]
         except Exception:

@@ -1,13 +1,18 @@
 """The control plane's reads at any world size, on a real TCPStore served in this process: a live window's
 posts read in one go once all are there and gone from the store after; every rank's failure snapshot read
-with its member lists as runs, and the desync found from them."""
+with its member lists as runs, and the desync found from them; the watchdogs' checks for a claim bounded
+for the whole job."""
 
 from __future__ import annotations
+
+import time
+import types
 
 import torch.distributed as dist
 
 from commprof.comm import flight
 from commprof.comm.control import ControlPlane
+from commprof.comm.watchdog import LISTEN_RATE, Watchdog, listen_s
 
 
 def _planes(n: int):
@@ -47,3 +52,39 @@ def test_many_ranks_are_named_as_runs_and_the_rest_counted():
     many = [r for r in range(16384) if r % 100]
     assert flight.name_ranks(many) == ("ranks 1-99, 101-199, 201-299, 301-399, 401-499, 501-599, 601-699, 701-799 "
                                        f"and {len(many) - 8 * 99} more")
+
+
+class _Counted:
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, 0
+
+    def __getattr__(self, name: str):
+        value = getattr(self.store, name)
+        if not callable(value):
+            return value
+
+        def call(*args):
+            self.calls += 1
+            return value(*args)
+
+        return call
+
+
+def test_the_watchdogs_checks_for_a_claim_stay_bounded_for_the_whole_job():
+    assert listen_s(8, 0.2) == 0.2 and listen_s(800, 0.2) == 0.2
+    for n in (1024, 4096, 16384, 65536):
+        assert n / listen_s(n, 0.2) <= LISTEN_RATE * 1.0001
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    counted = {}
+    for world in (2, 16384):  # rank 1 of a small job, the control, and of a large one, both watched for 1 s
+        client = _Counted(dist.TCPStore("127.0.0.1", store.port, 1, False))
+        comm = types.SimpleNamespace(control=ControlPlane(client, rank=1, world_size=world),
+                                     recorder=types.SimpleNamespace(comms=[]))
+        dog = Watchdog(comm, timeout_s=60.0, rank=1)
+        dog.__enter__()
+        start = client.calls
+        time.sleep(1.0)
+        counted[world] = client.calls - start
+        dog._stop.set()
+        dog._join()
+    assert counted[2] >= 3 and counted[16384] <= 1, counted

@@ -127,6 +127,7 @@ def _plan(command: Job, args: argparse.Namespace) -> tuple[Config, int, int]:
     have = slots(cfg.backend)
     nproc = command.local_ranks(cfg, have)
     command.check_world(cfg, nproc)
+    _check_faults(nproc)
     rank_bytes = getattr(command, "rank_bytes", None)  # a Job need not say (run, profile: their script's)
     check_room(nproc, oversubscribe=args.oversubscribe, per_rank_bytes=rank_bytes(cfg) if rank_bytes else 0)
     return cfg, nproc, have
@@ -139,6 +140,7 @@ def main(command: Job, args: argparse.Namespace) -> int:
         cfg = command.build_config(args)
         cfg.out.check()
         command.check_world(cfg, world.world_size)
+        _check_faults(world.world_size)
         _huge_pages(cfg)
         if cfg.bind_cores:
             bind_cores(world)
@@ -154,6 +156,15 @@ def main(command: Job, args: argparse.Namespace) -> int:
     if cfg.bind_cores:
         bind_cores(world)
     return command.run_rank(cfg, world, have)
+
+
+def _check_faults(world_size: int) -> None:
+    """COMMPROF_FAULT (comm/faults.py) checked before any rank starts; torch is loaded only when it is set
+    (comm/ imports it, and the launcher checks flags without it)."""
+    if os.environ.get("COMMPROF_FAULT"):
+        from commprof.comm import faults
+
+        faults.check(world_size)
 
 
 def _huge_pages(cfg: Config) -> None:

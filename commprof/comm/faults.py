@@ -14,11 +14,14 @@ KIND   stall   the rank stops answering: sleeps, its threads alive (a slow or hu
 rank   which rank (default 0)
 op     count only ops of this name (all_reduce, all_gather, …; default: every data-plane op)
 seq    fire at the N-th such op this rank issues, 1-based (default 1)
-from_step  count ops only from the K-th iteration of a profiled script on (0-based, as its JSON numbers
-       them; default 0): a rank that turns slow in the middle of a job
+from_step  count ops only from the K-th iteration on (0-based, as the JSON numbers them: a profiled
+       script's iterations, run's steps; default 0): a rank that turns slow in the middle of a job
 at     `start`: fire before the rank checks in with its peers (start-up), instead of at an op;
        `init`: after the check-in, just before MPI_Init or the rendezvous (where the start-up deadline holds)
-ms     how long `slow` sleeps, how far `clock` is ahead (default 10)
+ms     how long `slow` sleeps, how far `clock` is ahead (default 10, at most an hour)
+
+Checked before any rank starts: a rank the job does not have, an op commprof does not count, a signal that
+is not one, each is one line and exit 2.
 
     COMMPROF_FAULT=stall:rank=1:seq=5 commprof bench --nproc 2 --timeout 3
     COMMPROF_FAULT=die:rank=0:op=all_gather commprof run --backend mpi --nproc 2 --json out.json
@@ -42,6 +45,11 @@ from commprof.errors import UsageError
 
 ENV = "COMMPROF_FAULT"
 KINDS = ("stall", "stop", "die", "desync", "slow", "clock")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send", "recv",
+       "sendrecv", "barrier")
+"""The data-plane ops a Comm counts (comm/base.py), by the names `op=` takes."""
+MAX_MS = 3_600_000.0
+"""The longest `ms`: an hour (a sleep of more overflows, and no test waits so long)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def parse(spec: str) -> list[Fault]:
         for field in fields:
             key, _, value = field.partition("=")
             if key in ("rank", "seq", "from_step"):
-                if not value.isdigit():
+                if not (value.isascii() and value.isdigit()):
                     raise UsageError(f"{ENV}: {key}={value!r} in {part!r} is not a whole number")
                 values[key] = int(value)
             elif key == "ms":
@@ -85,8 +93,8 @@ def parse(spec: str) -> list[Fault]:
                     values[key] = float(value)
                 except ValueError:
                     raise UsageError(f"{ENV}: ms={value!r} in {part!r} is not a number") from None
-                if not 0 <= values[key] < float("inf"):
-                    raise UsageError(f"{ENV}: ms={value!r} in {part!r} must be a finite time of 0 or more")
+                if not 0 <= values[key] <= MAX_MS:
+                    raise UsageError(f"{ENV}: ms={value!r} in {part!r} must be a time from 0 to {MAX_MS:.0f} ms")
             elif key in ("op", "at", "signal"):
                 values[key] = value
             else:
@@ -97,10 +105,20 @@ def parse(spec: str) -> list[Fault]:
             raise UsageError(f"{ENV}: at={fault.at!r} in {part!r}: 'start', 'init' or leave it out")
         if fault.seq < 1:
             raise UsageError(f"{ENV}: seq={fault.seq} in {part!r} must be at least 1")
-        if not hasattr(signal, "SIG" + fault.signal):
-            raise UsageError(f"{ENV}: unknown signal {fault.signal!r} in {part!r}")
+        if not isinstance(getattr(signal, "SIG" + fault.signal, None), signal.Signals):
+            raise UsageError(f"{ENV}: unknown signal {fault.signal!r} in {part!r}: a name such as KILL, TERM, SEGV")
+        if fault.op is not None and fault.op not in OPS:
+            raise UsageError(f"{ENV}: op={fault.op!r} in {part!r} is not an op commprof counts: {', '.join(OPS)}")
         faults.append(fault)
     return faults
+
+
+def check(world_size: int) -> None:
+    """COMMPROF_FAULT checked for a job of `world_size` ranks before any starts: UsageError naming the part
+    that could never fire."""
+    for fault in parse(os.environ.get(ENV, "")):
+        if fault.rank >= world_size:
+            raise UsageError(f"{ENV}: rank={fault.rank} in {fault.kind!r}: the job has ranks 0-{world_size - 1}")
 
 
 class Injector:

@@ -90,6 +90,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None, live=None) -
     spec.module.train()
     measured = ANNOTATOR.label(MEASURED, "iteration")
     progress = StepProgress("iteration", total, show=comm is None or comm.rank == 0)
+    injector = comm.fault if comm is not None else None  # every group's (record/aligned.py wraps it a while)
     if live is not None:
         live.fold.elapsed_ns = clock.elapsed_ns if clock.kind == "cuda" else None
         if live.rank == 0:
@@ -100,6 +101,8 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None, live=None) -
                 ANNOTATOR.push(measured)
             epoch, step = divmod(t, spe)
             phases.begin(t, aligned=0 < t < cfg.warmup)  # record/aligned.py
+            if injector is not None:  # COMMPROF_FAULT's from_step: this step on
+                injector.step = t
             with phases.phase("data"):
                 idx = global_indices(source.num_samples, seed=cfg.seed, epoch=epoch, step=step,
                                      global_batch=global_batch)

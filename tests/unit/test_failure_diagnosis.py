@@ -15,9 +15,20 @@ def test_fault_specs_parse_and_bad_ones_are_named():
                    faults.Fault("desync", rank=2, at="start")]
     for bad, words in (("melt:rank=1", "unknown fault 'melt'"), ("stall:rank=x", "rank='x'"),
                        ("stall:when=3", "unknown field 'when'"), ("die:signal=NOPE", "unknown signal 'NOPE'"),
-                       ("stall:seq=0", "seq=0"), ("stall:at=end", "at='end'")):
+                       ("stall:seq=0", "seq=0"), ("stall:at=end", "at='end'"),
+                       # digits Python's int() takes or not, a sleep that overflows, a handler that is no signal
+                       ("stall:rank=\u00b2", "is not a whole number"), ("slow:rank=\u0661", "is not a whole number"),
+                       ("slow:ms=1e300", "from 0 to 3600000 ms"), ("die:signal=_IGN", "unknown signal '_IGN'"),
+                       ("slow:op=all_reduce_typo", "not an op commprof counts")):
         with pytest.raises(UsageError, match=words):
             faults.parse(bad)
+
+
+def test_a_fault_on_a_rank_the_job_does_not_have_is_refused(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "slow:rank=1:op=all_reduce,die:rank=99")
+    with pytest.raises(UsageError, match="rank=99 in 'die': the job has ranks 0-3"):
+        faults.check(4)
+    faults.check(100)  # every rank there: nothing to say
 
 
 def snap(rank, ring, busy=None, groups=None):

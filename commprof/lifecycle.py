@@ -123,7 +123,7 @@ def configure(command: Job, args: argparse.Namespace) -> tuple[Config, int]:
 
 def _plan(command: Job, args: argparse.Namespace) -> tuple[Config, int, int]:
     cfg = command.build_config(args)
-    cfg.out.check()
+    _check_outputs(cfg)
     have = slots(cfg.backend)
     nproc = command.local_ranks(cfg, have)
     command.check_world(cfg, nproc)
@@ -138,7 +138,7 @@ def main(command: Job, args: argparse.Namespace) -> int:
     world = discover()
     if world.launched:
         cfg = command.build_config(args)
-        cfg.out.check()
+        _check_outputs(cfg)
         command.check_world(cfg, world.world_size)
         _check_faults(world.world_size)
         _huge_pages(cfg)
@@ -156,6 +156,12 @@ def main(command: Job, args: argparse.Namespace) -> int:
     if cfg.bind_cores:
         bind_cores(world)
     return command.run_rank(cfg, world, have)
+
+
+def _check_outputs(cfg: Config) -> None:
+    """Every file the job writes, --live's too, checked before any rank starts (report/files.py)."""
+    live = getattr(cfg, "live", None)
+    cfg.out.check(None if live is None else {"--live-log": live.log, "--metrics-targets": live.targets})
 
 
 def _check_faults(world_size: int) -> None:

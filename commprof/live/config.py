@@ -77,7 +77,7 @@ def live_config(args: argparse.Namespace) -> LiveConfig | None:
     if args.metrics_targets is not None and address is None:
         raise UsageError("--metrics-targets lists the endpoints: not with --metrics-port off")
     return LiveConfig(window=args.live_window, address=address, port=port, log=args.live_log,
-                      linger_s=args.live_linger, targets=args.metrics_targets or None)
+                      linger_s=args.live_linger, targets=args.metrics_targets)
 
 
 def metrics_address(spec: str) -> tuple[str | None, int]:
@@ -85,6 +85,6 @@ def metrics_address(spec: str) -> tuple[str | None, int]:
     if spec == "off":
         return None, 0
     address, _, port = spec.rpartition(":")
-    if not port.isdigit() or int(port) > 65535:
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:  # not '²', not Arabic-Indic digits
         raise UsageError(f"--metrics-port {spec!r}: a port 0-65535, ADDR:PORT, or off")
     return address.strip("[]") or ADDRESS, int(port)

@@ -37,9 +37,12 @@ both back. Exercised by: `pytest tests/unit/test_live.py tests/test_live_jobs.py
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
+import sys
 import threading
 import time
 
@@ -152,23 +155,68 @@ class Metrics:
 
 
 class LiveLog:
-    """The append-only JSON Lines file of combined windows."""
+    """The append-only JSON Lines file of combined windows. One that cannot be written — a full disk, a
+    device that refuses, a FIFO with no reader — is said once and left: the job goes on, and a line cut by
+    a full disk is taken back, so the file holds whole lines only."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = None
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            self._fd = self._open()
+        except OSError as exc:
+            self._fail(exc)
+
+    def _open(self) -> int:
+        # non-blocking to open: a FIFO with no reader fails at once (ENXIO) instead of holding rank 0
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        os.set_blocking(fd, True)
+        return fd
 
     def write(self, doc: dict) -> None:
+        if self._fd is None:
+            return
         line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
-        if os.fstat(self._fd).st_size + len(line) > MAX_LOG_BYTES:
-            os.close(self._fd)
-            os.replace(self.path, self.path + ".1")
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, line)  # one write: a reader, or a job killed now, sees whole lines only
+        size = None
+        try:
+            st = os.fstat(self._fd)
+            if stat.S_ISREG(st.st_mode):
+                size = st.st_size
+                if size + len(line) > MAX_LOG_BYTES:
+                    os.close(self._fd)
+                    self._fd = None
+                    os.replace(self.path, self.path + ".1")
+                    self._fd, size = self._open(), 0
+            # one write: a reader, or a job killed now, sees whole lines only
+            if os.write(self._fd, line) != len(line):
+                raise OSError(errno.ENOSPC, "the line was cut short (a full disk?)")
+        except OSError as exc:
+            if size is not None and self._fd is not None:
+                try:
+                    os.ftruncate(self._fd, size)  # the cut line taken back
+                except OSError:
+                    pass
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        why = "a FIFO with no reader" if exc.errno == errno.ENXIO else exc.strerror or str(exc)
+        sys.stderr.write(f"commprof: live: cannot write --live-log {self.path} ({why}): the job goes on, "
+                         "its windows no longer logged\n")
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = None
 
     def end(self, reason: str) -> None:
         self.write({"end": reason, "time": time.time()})
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def reachable(toward: str) -> str:

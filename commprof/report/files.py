@@ -210,9 +210,10 @@ class Outputs:
         return cls(argv=tuple(args.argv), json=args.json, csv=getattr(args, "csv", None), trace=args.trace,
                    debug_dump=args.debug_dump)
 
-    def check(self) -> None:
-        """Every path here can be written, and no two flags name one file; raises UsageError."""
-        check_outputs({"--json": self.json, "--csv": self.csv},
+    def check(self, more: dict[str, str | None] | None = None) -> None:
+        """Every path here and in `more` (a flag -> the file it names: --live-log) can be written, and no two
+        flags name one file; raises UsageError."""
+        check_outputs({"--json": self.json, "--csv": self.csv, **(more or {})},
                       {"--trace": self.trace, "--debug-dump": self.debug_dump})
 
     def dump_folder(self) -> str | None:

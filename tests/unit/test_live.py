@@ -300,3 +300,51 @@ def test_a_log_line_nested_past_the_parser_is_one_clear_line(tmp_path):
     path.write_text('{"window": 0, "ranks": [], "findings": []}\n' + "[" * 100_000 + "\n")
     with pytest.raises(UsageError, match="line 2 is not a live window"):
         live_log.read(str(path), "not a commprof result")
+
+
+def test_a_log_that_cannot_be_written_is_said_once_and_the_job_goes_on(tmp_path, capsys):
+    import os
+    import time
+
+    fifo = tmp_path / "nobody-reads"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    log = LiveLog(str(fifo))  # no reader: said at once, not a rank 0 blocked until one comes
+    log.write({"window": 0})
+    log.end("complete")
+    assert time.monotonic() - start < 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write --live-log {fifo} (a FIFO with no reader)" in err
+    log = LiveLog("/dev/full")  # a device that refuses every write
+    log.write({"window": 0})
+    log.write({"window": 1})
+    log.end("complete")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write --live-log /dev/full (No space left on device)" in err
+    nested = tmp_path / "new" / "folder" / "live.jsonl"  # --json's rule: the folders are made
+    log = LiveLog(str(nested))
+    log.end("complete")
+    assert json.loads(nested.read_text())["end"] == "complete"
+
+
+def test_a_line_cut_by_a_full_file_is_taken_back(tmp_path, capsys):
+    import resource
+    import signal
+
+    path = tmp_path / "live.jsonl"
+    log = LiveLog(str(path))
+    log.write({"window": 0, "pad": "x" * 100})
+    size = path.stat().st_size
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:  # the file may grow 50 bytes more: the next line, longer, is cut there by the kernel
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 50, limit[1]))
+        log.write({"window": 1, "pad": "y" * 200})
+        log.write({"window": 2})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    log.end("complete")
+    lines = path.read_text().splitlines(keepends=True)
+    assert [json.loads(line)["window"] for line in lines] == [0] and lines[-1].endswith("\n")
+    assert capsys.readouterr().err.count("cannot write --live-log") == 1

@@ -81,6 +81,8 @@ def entry() -> NoReturn:
     comm = sys.modules.get("commprof.comm")
     if comm is not None and comm.joined():
         comm.end_process(code)
+    if comm is not None and code == 0:
+        comm.run_at_end()
     sys.exit(code)
 
 
@@ -111,7 +113,7 @@ def call(func, args: argparse.Namespace) -> int:
 
 
 def _int(rank: str | None) -> int | None:
-    return int(rank) if rank is not None and rank.isdigit() else None
+    return int(rank) if rank is not None and rank.isascii() and rank.isdigit() else None
 
 
 def _fail(code: int, message: str, rank: str | None) -> None:

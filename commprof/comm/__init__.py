@@ -30,7 +30,25 @@ from commprof.record.clock import CpuClock, CudaClock
 from commprof.world import World
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
-           "slots", "free_port", "require_cuda", "end_process", "joined"]
+           "slots", "free_port", "require_cuda", "end_process", "joined", "at_end", "run_at_end"]
+
+_AT_END: list = []
+"""What a rank does last at a clean end, after its results are gathered and written (at_end)."""
+
+
+def at_end(fn) -> None:
+    """Call `fn()` as this process ends well (end_process with code 0), after everything else: a live
+    endpoint kept up for a last scrape (--live-linger) must not hold the job's last gather back."""
+    _AT_END.append(fn)
+
+
+def run_at_end() -> None:
+    """The at_end calls, once, in order."""
+    while _AT_END:
+        try:
+            _AT_END.pop(0)()
+        except Exception:  # the results are written: what is left must not change the exit
+            pass
 
 
 def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: bool = False,
@@ -79,6 +97,7 @@ def end_process(code: int | None) -> NoReturn:
     try:
         if code in (None, 0):
             _flush_cuda_profiling()
+            run_at_end()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

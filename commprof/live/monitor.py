@@ -273,9 +273,16 @@ class Live:
         if self.log is not None:
             self.log.end(reason)
         if self.metrics is not None:
-            if self.cfg.linger_s > 0:
-                time.sleep(self.cfg.linger_s)
-            self.metrics.close()
+            if self.cfg.linger_s > 0 and reason == "complete":  # kept up past the job's last gather
+                from commprof.comm import at_end
+
+                at_end(self._linger)
+            else:
+                self.metrics.close()
+
+    def _linger(self) -> None:
+        time.sleep(self.cfg.linger_s)
+        self.metrics.close()
 
 
 def line(job: dict) -> str:

@@ -1,6 +1,7 @@
 """`commprof profile` on scripts written the ways PyTorch is used today (tests/scripts/modern_train.py): a
 mesh that makes the default group itself, FSDP2 over TP on a 2-D mesh, torch.compile of DDP and of FSDP2,
-compiled autograd with DDP's python reducer, DDP with a static graph and with unused parameters, and
+compiled autograd with DDP's python reducer (by dynamo's flag, and as PyTorch's tutorial writes it: each backward
+inside `compiled_autograd._enable(torch.compile(...))`), DDP with a static graph and with unused parameters, and
 `dist.all_reduce` calls inside a torch.compile(fullgraph=True) function (a graph break would raise). Each exits 0
 with the plain run's losses to the bit, and commprof's counts equal an independent count: gloo's own
 `gloo:<op>` events, recorded by torch.profiler in the plain run, op for op (what commprof leaves to torch is
@@ -22,8 +23,9 @@ GLOO_NAMES = {"reduce_scatter": "all_reduce"}
 """commprof's op name → gloo's event name where they differ: gloo runs reduce_scatter_tensor as an all_reduce
 (ProcessGroupGloo's `_reduce_scatter_base`) and its event is named for it."""
 
-MODES = [("fsdp_tp", 4, "torchrun"),
-         ("compile_ddp,ddp_static,ddp_unused,compiled_sync,compile_fsdp,compiled_autograd", 2, "commprof")]
+MODES = [("fsdp_tp", 4, "torchrun"), ("compiled_autograd_ctx", 2, "torchrun"),
+         ("compile_ddp,ddp_static,ddp_unused,compiled_sync,compile_fsdp,compiled_autograd_ctx,compiled_autograd", 2,
+          "commprof")]
 """The modes, and the ranks and launcher of each job: modes on one default group share a job (one start-up,
 one dynamo import), compiled_autograd last (it sets dynamo's global configuration). fsdp_tp's mesh, made by
 init_device_mesh alone, is mesh_tp's too (TP + SP inside each unit): mesh_tp alone runs by hand."""
@@ -67,6 +69,8 @@ def test_todays_idioms_are_counted_op_for_op_and_train_unchanged(tmp_path, mode,
     assert losses(proc.stdout) == losses(plain.stdout) and len(losses(plain.stdout)) == nproc * len(mode.split(","))
     doc = json.loads(out.read_text())
     assert doc["steps"]["measured"] >= 1
+    assert doc["env"]["backend"] == "gloo" and "backend gloo" in proc.stdout  # a mesh's group: not 'undefined'
+
     gloo = Counter(json.loads((tmp_path / "gloo.rank0").read_text()))
     assert commprof_counts(doc) == gloo
     if mode.startswith("compile"):

@@ -29,6 +29,7 @@ Both do nothing when the script is not profiled. Exercised by: `pytest tests/tes
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from contextlib import contextmanager
@@ -298,9 +299,9 @@ def _marking_last_node(tensors, run, stamp):
     node = next((t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
     marks: list = []
     hook = None
-    if node is not None:
+    if node is not None and not _compiled_autograd():
         def queue(*_):
-            if not marks:  # once: the first of the callbacks autograd runs after its last node
+            if not marks and not _compiled_autograd():  # once: the first callback autograd runs after its last node
                 marks.append(None)
                 torch.autograd.Variable._execution_engine.queue_callback(lambda: marks.append(stamp()))
         hook = node.register_prehook(queue)
@@ -310,6 +311,14 @@ def _marking_last_node(tensors, run, stamp):
         if hook is not None:
             hook.remove()
     return marks[1] if len(marks) > 1 else None
+
+
+def _compiled_autograd() -> bool:
+    """Compiled autograd runs this backward (its `_enable` context, as PyTorch's tutorial writes it, or the
+    hook being traced): it traces the graph's hooks, and a callback queued there needs fullgraph=True, so
+    backward then ends at its return (DDP's python reducer waits through Comm inside the graph anyway)."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(ca.compiled_autograd_enabled or ca.in_compiled_autograd_region)
 
 
 ACTIVE: Tracker | None = None

@@ -5,6 +5,8 @@ torchrun and under `commprof profile`:
   fsdp_tp            FSDP2 over TP on a 2-D mesh (4 ranks: dp × tp)
   compile_ddp        torch.compile(DDP(model)): DDPOptimizer splits the graph at bucket boundaries
   compiled_autograd  DDP's python reducer with compiled autograd: the all-reduces inside the backward graph
+  compiled_autograd_ctx  the same as PyTorch's tutorial writes it: each backward inside
+                     `compiled_autograd._enable(torch.compile(...))`, without fullgraph
   compile_fsdp       torch.compile of an FSDP2 model
   ddp_static         DDP(static_graph=True)
   ddp_unused         DDP(find_unused_parameters=True) with a branch unused on odd steps
@@ -106,12 +108,13 @@ def build(mode: str):
         return model, params, batch, loss
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if mode == "compiled_autograd":
+    if mode in ("compiled_autograd", "compiled_autograd_ctx"):
         torch._dynamo.config.optimize_ddp = "python_reducer"
+    if mode == "compiled_autograd":
         torch._dynamo.config.compiled_autograd = True
     ddp = DDP(model, static_graph=mode == "ddp_static", find_unused_parameters=mode == "ddp_unused",
               device_ids=[device.index] if device.type == "cuda" else None)
-    if mode in ("compile_ddp", "compiled_autograd"):
+    if mode in ("compile_ddp", "compiled_autograd", "compiled_autograd_ctx"):
         return torch.compile(ddp, backend=args.compiler), params, batch, loss
     if mode in ("ddp_static", "ddp_unused"):
         return ddp, params, batch, loss
@@ -147,7 +150,13 @@ def train(mode: str) -> None:
             if isinstance(m, Block):
                 m.step = i
         loss = loss_of(model(batch(i)))
-        loss.backward()
+        if mode == "compiled_autograd_ctx":
+            from torch._dynamo import compiled_autograd
+
+            with compiled_autograd._enable(torch.compile(backend=args.compiler)):
+                loss.backward()
+        else:
+            loss.backward()
         if sync is not None:
             sync()
         opt.step()

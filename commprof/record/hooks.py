@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 import weakref
 from contextlib import contextmanager
 
@@ -332,6 +333,11 @@ def install(recorder, warmup: int) -> Tracker:
     global ACTIVE
     tracker = ACTIVE = Tracker(recorder, warmup)
     tracker.install()
+    # torch warns of global module hooks at every torch.compile(module) call: they are commprof's, not the
+    # script's, and a plain run says nothing (an extra call of the compiled wrapper is an outer module call,
+    # which the hooks already take as the same forward)
+    warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                            category=UserWarning)
     original = torch.autograd.backward
 
     def backward(tensors, *args, **kwargs):

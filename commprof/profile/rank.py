@@ -50,6 +50,19 @@ from commprof.report.script_table import print_profile
 from commprof.world import World, usable_cores
 
 
+def backend_of(pg) -> str:
+    """The backend of the script's group by its name: a group init_device_mesh made (or one made with no
+    backend named) is 'undefined' to get_backend; torch keeps its name beside it ('gloo'), or a backend a
+    device ('cpu:gloo,cuda:nccl'), of which this job's device's counts."""
+    name = str(c10d.get_backend(pg))
+    if name == "undefined":
+        name = str(getattr(pg, "_get_backend_name", lambda: name)())
+    if name == "undefined":
+        kinds = dict(part.split(":", 1) for part in str(c10d.get_backend_config(pg)).split(",") if ":" in part)
+        name = kinds.get("cuda" if torch.cuda.is_available() else "cpu", name)
+    return name
+
+
 def run_rank(cfg, world: World) -> int:
     """This rank's exit code: the script's, or 1 when it raised, or 2 when it never made a process group."""
     fault = Injector.for_rank(world.rank)
@@ -121,14 +134,14 @@ class Session:
         if self.initialised:
             return
         self.initialised = True
-        if "nccl" in str(c10d.get_backend(pg)) and not self.tracker.open and not self.recorder.ops:
+        if "nccl" in backend_of(pg) and not self.tracker.open and not self.recorder.ops:
             # NCCL's ops are queued on streams: they and the script's phases are timed by CUDA events
             self.recorder.clock = CudaClock()
             self.tracker.phases.use(self.recorder.clock)
         world = self.interposer.comm(None)
         world.timeout_s = self._timeout_s
         world.control = rendezvous.control_plane(world)
-        rank = self.life.begin(world, backend=c10d.get_backend(pg))
+        rank = self.life.begin(world, backend=backend_of(pg))
         if self.cfg.live is not None:
             self.live = monitor.attach(self.cfg.live, self.tracker, rank=self.world.rank,
                                        world_size=self.world.world_size, control=world.control,
@@ -237,8 +250,8 @@ class Session:
         t = self.tracker
         mine = self._result(list(t.iterations), list(t.volumes))
         have = slots(self.cfg.backend)
-        env = merge_env([local_env(self._device())], backend=c10d.get_backend() if c10d.is_initialized()
-                        else self.cfg.backend, world_size=self.world.world_size,
+        backend = backend_of(c10d._get_default_group()) if c10d.is_initialized() else self.cfg.backend
+        env = merge_env([local_env(self._device())], backend=backend, world_size=self.world.world_size,
                         local_world_size=self.world.local_world_size, slots=have,
                         oversubscribed=self.world.local_world_size > have, launcher=self.world.launcher,
                         clock=self.recorder.clock.kind, argv=["commprof", *self.cfg.out.argv])

@@ -122,9 +122,10 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     # --warmup 4: iterations 1-3 aligned (record/aligned.py), where each all-reduce's parties meet before it
     # although rank 1 still sleeps DELAY_MS first; their ops price the late ones, so the step without it is
     # no longer only a lower bound (the warm-up-1 job of `jobs` is)
-    # 10 measured iterations: rank 0 writes its first --json snapshot on the training thread after the first
-    # measured one (about 10 ms: commprof/kept.py), late into the next, where it then waits that much less for
-    # rank 1; with 6 the 95 % interval's lower end was that iteration's alone, and 2 runs in 10 named no straggler
+    # 10 measured iterations: with 6 the 95 % interval's lower end was one iteration's alone, and 2 runs in 10
+    # named no straggler when rank 0 built its first --json snapshot (~10 ms) on the training thread, late into
+    # the next iteration, where it then waited that much less for rank 1 (a thread of its own builds it now:
+    # commprof/kept.py)
     proc = commprof("profile", "--nproc", "2", "--backend", backend, "--warmup", "4", "--trace", str(tmp_path / "t"),
                     "--json", str(tmp_path / "p.json"), "--", SCRIPT, "--steps", "14", "--delay-ms", str(DELAY_MS))
     assert proc.returncode == 0, proc.stderr[-3000:]

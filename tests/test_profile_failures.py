@@ -103,6 +103,23 @@ def test_rank_0_killed_leaves_what_it_had_measured(tmp_path):
     assert doc["summary"]["wall_ms"] > 0 and doc["volume"]["all_reduce"]["calls_per_step"] == 1
 
 
+def test_rank_0_killed_mid_way_leaves_most_of_what_it_measured(tmp_path):
+    # the document is rewritten every 0.25 s by a thread of its own (commprof/kept.py): a rank 0 killed 40
+    # steps of at least 30 ms in (rank 1 sleeps before each backward) had kept 1 of them when the writes were
+    # paced on the training thread
+    out = tmp_path / "out.json"
+    script = str(SCRIPTS / "straggler_train.py")
+    proc = commprof("profile", "--nproc", "2", "--warmup", "1", "--timeout", TIMEOUT, "--json", str(out), "--",
+                    script, "--steps", "60", "--delay-ms", "30",
+                    env=env_for_tests(COMMPROF_FAULT="die:rank=0:op=all_reduce:from_step=40"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["reason"] == "rank 0 was killed by SIGKILL"
+    steps = [it["step"] for it in doc["iterations"]]
+    reached = 40 - 1  # measured iterations ended before the kill (step 40's first all-reduce)
+    assert steps == list(range(1, 1 + len(steps))) and reached / 2 <= len(steps) <= reached, steps
+
+
 def test_ctrl_c_prints_and_keeps_what_rank_0_measured(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.Popen([sys.executable, "-m", "commprof", "profile", "--nproc", "2", "--warmup", "1",

@@ -91,6 +91,8 @@ class Session:
         """The rank's life cycle, bench's and run's (lifecycle.py), begun once the script's group exists. A live
         job (days long) keeps no trace for its findings: its windows make them (live/)."""
         self.live: monitor.Live | None = None
+        self.kept: Kept | None = None
+        """rank 0: its document while the job goes (commprof/kept.py)."""
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
@@ -150,7 +152,7 @@ class Session:
                                        local_world_size=self.world.local_world_size)
             rank.on_failure(lambda code, message: self.live.close(message))
         if self.world.rank == 0:
-            kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
+            self.kept = kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
             rank.on_failure(kept.abandon)
             self.tracker.on_end = kept.update
 
@@ -266,6 +268,8 @@ class Session:
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
         self.tracker.finish()
+        if self.kept is not None:  # no snapshot after this: the report replaces the file
+            self.kept.close()
         if self.live is not None:
             self.live.close()
         results = self.life.gather(self._result(self.tracker.iterations, self.tracker.volumes))

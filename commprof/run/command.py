@@ -207,7 +207,7 @@ class _Run(lifecycle.Command):
     @staticmethod
     def work(cfg: RunConfig, rank: Rank) -> dict:
         """Train; rank 0 keeps its iterations in the --json file as they come and saves the model."""
-        on_step = None
+        on_step, kept = None, None
         if cfg.out.json and rank.world.rank == 0 and rank.comm is not None:
             held = {"0": []}  # rank 0's iterations, as the loop holds them
 
@@ -237,6 +237,8 @@ class _Run(lifecycle.Command):
                         local_world_size=rank.world.local_world_size)
             rank.on_failure(lambda code, message: live.close(message))
         result, state = train(cfg, comm, rank.device, on_step=on_step, live=live)
+        if kept is not None:  # no snapshot after this: the report replaces the file
+            kept.close()
         if live is not None:
             live.close()
         if cfg.save_state and rank.world.rank == 0:

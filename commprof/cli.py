@@ -83,6 +83,7 @@ def entry() -> NoReturn:
         comm.end_process(code)
     if comm is not None and code == 0:
         comm.run_at_end()
+    job.note_exit(code)
     sys.exit(code)
 
 
@@ -140,6 +141,7 @@ def _one_line(message: str) -> str:
 
 def _exit_now(code: int) -> None:
     """Exit without running a broken process group's destructors (gloo aborts in them after a failure)."""
+    job.note_exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

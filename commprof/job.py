@@ -5,6 +5,9 @@ The launcher makes a private folder (`make`) and names it in COMMPROF_JOB_DIR. I
                   (killed by SIGKILL) leaves it to the next one, which removes every folder whose launcher is gone
   rank<r>.pid     each rank's pid, written when it starts (the launcher stops every one of them at the end,
                   even one that mpiexec lost track of, e.g. a stopped process)
+  exit<r>         rank r is ending through commprof (its exit code): a rank that ends with a code and left
+                  none ended outside it — os._exit in the script, a library that exited — and the launcher
+                  names it with its own code
   failure.json    the job's failure — exit code, one line, who saw it — created once, by whoever saw a
                   failure first (a rank, or the launcher when a rank was killed by a signal): the job exits
                   with that code whatever mpiexec makes of its ranks' ends, and only that one line is said
@@ -97,6 +100,22 @@ def defer_to_launcher() -> None:
     """Before a rank claims a peer's failure: give commprof's launcher, if there is one, the first word."""
     if folder() is not None:
         time.sleep(LAUNCHER_FIRST_S)
+
+
+def note_exit(code: int | None) -> None:
+    """This rank ends through commprof with `code` (see `exited`); nothing outside a launcher's job."""
+    where, rank = folder(), os.environ.get("RANK") or os.environ.get("PMI_RANK")
+    if where is None or rank is None:
+        return
+    try:
+        (where / f"exit{rank}").write_text(f"{code or 0}\n")
+    except OSError:  # the launcher is gone with its folder
+        pass
+
+
+def exited(where: Path, rank: int) -> bool:
+    """Whether rank `rank` noted its exit (note_exit)."""
+    return (where / f"exit{rank}").exists()
 
 
 def failure(where: Path) -> dict | None:

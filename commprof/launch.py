@@ -257,6 +257,11 @@ def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout
                         failed_at = time.monotonic()
                         if ranks is not None and rc < 0:
                             _death(*_culprit(template, p, f"rank {ranks[i]}", rc), folder)
+                        elif ranks is not None and not job.exited(folder, ranks[i]):
+                            # ended outside commprof (os._exit in the script): its code, not its peers'
+                            # "a peer exited" (their claim comes after the wait for its record)
+                            _claim(f"rank {ranks[i]} exited with status {rc} (outside commprof: os._exit, or a "
+                                   "library that ended the process)", folder, rc)
                 # the job folder and /proc, read every CHECK_S: read on every 50 ms tick they took 0.7 % of a
                 # core, 3.5x torchrun's agent, from ranks that fill the cores
                 if time.monotonic() - looked >= CHECK_S:
@@ -330,12 +335,13 @@ def _death(who: str, rc: int, folder: Path) -> int:
     return _claim(message, folder)
 
 
-def _claim(message: str, folder: Path) -> int:
-    """The launcher's own verdict (exit 3), said if it is the job's first failure."""
-    if job.claim(3, message, None, folder):
+def _claim(message: str, folder: Path, code: int = 3) -> int:
+    """The launcher's own verdict (exit 3, or the code a rank ended with), said if it is the job's first
+    failure."""
+    if job.claim(code, message, None, folder):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
-    return 3
+    return code
 
 
 class _StoppedRanks:

@@ -88,6 +88,16 @@ def test_a_crash_keeps_what_rank_0_measured(tmp_path):
     assert "time per iteration" in proc.stdout and "incomplete: rank 0's 2 measured iteration(s) only" in proc.stdout
 
 
+def test_a_rank_that_ends_itself_with_os_exit_gives_the_job_its_code():
+    # os._exit skips everything commprof would do on the way out: its peer then sees gloo's "peer exited" and
+    # said that, exit 3; the launcher sees the rank end with 7 and no word from commprof, and names it
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--", DDP, "--steps", "6",
+                    "--misbehave", "os_exit", "--at", "3")
+    assert proc.returncode == 7, proc.stderr[-3000:]
+    assert one_line(proc) == ("rank 1 exited with status 7 (outside commprof: os._exit, or a library that ended "
+                              "the process)")
+
+
 def test_rank_0_killed_leaves_what_it_had_measured(tmp_path):
     # the file holds rank 0's report from its first measured iteration on: a rank 0 killed outright (nothing of
     # it runs to save anything) leaves it, and the launcher marks it with the job's verdict

@@ -94,6 +94,7 @@ def end_process(code: int | None) -> NoReturn:
     runs of tests/strategy_worker.py at 3 ranks). stdout and stderr are flushed and MPI finalized first,
     as the interpreter's exit would have, and at a clean end a profiling tool's CUDA records too (a failing
     rank may be stuck in a kernel: it waits for none)."""
+    job.note_exit(code if isinstance(code, int) else 1)
     try:
         if code in (None, 0):
             _flush_cuda_profiling()

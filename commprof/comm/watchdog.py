@@ -262,6 +262,7 @@ class Watchdog:
                 pass
         if job.folder() is None:  # no commprof launcher to end the others
             _abort_mpi(code)
+        job.note_exit(code)
         os._exit(code)
 
 

@@ -15,8 +15,9 @@ p.add_argument("--bucket-mb", type=float, default=0.05)
 p.add_argument("--state", help="write the final parameters here (rank 0)")
 p.add_argument("--hook", action="store_true", help="register torch's own all-reduce comm hook")
 p.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
-p.add_argument("--misbehave", choices=["barrier", "all_reduce", "raise"],
-               help="rank 1 at step --at: an extra barrier, an extra all_reduce of 4 floats, or an exception")
+p.add_argument("--misbehave", choices=["barrier", "all_reduce", "raise", "os_exit"],
+               help="rank 1 at step --at: an extra barrier, an extra all_reduce of 4 floats, an exception, or "
+                    "os._exit(7)")
 p.add_argument("--at", type=int, default=0, help="the step rank 1 misbehaves at")
 p.add_argument("--mismatch", action="store_true", help="rank 1's hidden layer narrower: DDP refuses the model")
 p.add_argument("--seed-by-rank", action="store_true",
@@ -45,6 +46,8 @@ for step in range(args.steps):
             dist.barrier()
         elif args.misbehave == "all_reduce":
             dist.all_reduce(torch.ones(4))
+        elif args.misbehave == "os_exit":
+            os._exit(7)
         else:
             raise RuntimeError(f"bad batch at step {step}")
     loss = torch.nn.functional.cross_entropy(ddp(x[mine]), y[mine])

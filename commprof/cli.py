@@ -77,7 +77,9 @@ def usage_error(exc: UsageError) -> int:
 def entry() -> NoReturn:
     """The `commprof` command (console script and `python -m commprof`): main(), then the process ends —
     through comm.end_process when it joined a job as a rank, its Comm closed and its files written."""
-    code = main()
+    code = _closed_streams()
+    if code is None:
+        code = main()
     comm = sys.modules.get("commprof.comm")
     if comm is not None and comm.joined():
         comm.end_process(code)
@@ -85,6 +87,30 @@ def entry() -> NoReturn:
         comm.run_at_end()
     job.note_exit(code)
     sys.exit(code)
+
+
+def _closed_streams() -> int | None:
+    """A command started with stdin, stdout or stderr closed (`>&-`): the next file opened would take its
+    number, and a rank's tables would be written into it. stdin and stderr are given /dev/null; a closed stdout,
+    where the tables go, is one line and exit 2 before anything runs."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)  # os.open's are not: the ranks would start with it closed again
+    if 2 in closed:
+        sys.stderr = open(2, "w", closefd=False)
+    if 1 in closed:
+        sys.stderr.write("commprof: error: standard output is closed: give it a file, or /dev/null to discard "
+                         "the tables (commprof … >/dev/null)\n")
+        return 2
+    return None
 
 
 def call(func, args: argparse.Namespace) -> int:

@@ -86,6 +86,20 @@ def test_a_disk_that_fills_during_a_run_is_one_line_naming_the_file(tmp_path):
     assert not job_folders(tmp_path)
 
 
+def test_a_closed_stdout_is_one_line_and_a_closed_stderr_or_stdin_is_dev_null(tmp_path):
+    def closed(fds: str):  # the shell closes them, as `commprof … >&-` does
+        argv = [sys.executable, "-m", "commprof", *TINY, "--nproc", "2", "--json", str(tmp_path / "r.json")]
+        return subprocess.run(["sh", "-c", f'exec "$@" {fds}', "sh", *argv], env=env_for_tests(TMPDIR=str(tmp_path)),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    proc = closed(">&-")
+    assert proc.returncode == 2 and proc.stderr == ("commprof: error: standard output is closed: give it a file, or "
+                                                    "/dev/null to discard the tables (commprof … >/dev/null)\n")
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob("commprof-job-*"))  # nothing ran
+    proc = closed("2>&- <&-")
+    assert proc.returncode == 0 and "busbw" in proc.stdout and json.loads((tmp_path / "r.json").read_text())["complete"]
+
+
 def test_dev_null_takes_the_results_and_stays_a_device(tmp_path):
     proc = run(*TINY, "--nproc", "1", "--json", "/dev/null", "--csv", "/dev/null", tmp_path=tmp_path)
     assert proc.returncode == 2 and "--csv /dev/null name one file" in one_line(proc)

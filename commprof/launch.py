@@ -195,7 +195,9 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
     relay.start()
     code = _supervise([proc], folder, ranks=None, timeout_s=timeout_s)
     relay.join(timeout=5)
-    if code and code != 130 and job.failure(folder) is None and banners:  # Ctrl-C: Hydra's kills are ours
+    # Ctrl-C, SIGTERM, SIGHUP to the launcher: Hydra's kills of the ranks are ours, not the job's failure
+    if code and code not in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and job.failure(folder) is None \
+            and banners:
         # no rank said anything: the first process mpiexec saw end badly was killed or crashed
         pid, status = banners[0]
         rank = {p: r for r, p in job.pids(folder).items()}.get(pid)

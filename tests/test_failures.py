@@ -225,3 +225,25 @@ def test_a_rank_that_cannot_start_leaves_none_of_the_others_behind(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"commprof: error: cannot start rank 2 ({tmp_path / 'w2'}): "
                                                 "No such file or directory"]
     assert processes("COMMPROF_TEST_MARK", mark) == {}
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_sigterm_to_the_launcher_is_exit_143_under_every_backend(tmp_path, backend):
+    # under mpi, Hydra's banner for the ranks the launcher's SIGTERM ended was taken for a rank killed on its
+    # own: "rank 0 was killed by SIGTERM", exit 3
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", "bench", "all_reduce", "--backend", backend, "--nproc",
+                             "2", "-b", "8", "-e", "64M", "-n", "200", "-w", "1", "--json", str(out)],
+                            env=env_for_tests(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists() and time.monotonic() < deadline:  # measuring: the first size is kept
+            time.sleep(0.05)
+        assert out.exists()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "killed by" not in err and "Traceback" not in err, err[-3000:]

@@ -87,6 +87,11 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     env[job.ENV] = str(folder)
     command = [sys.executable, "-m", "commprof", *argv]
     wrapper = os.environ.get("COMMPROF_RANK_WRAPPER", "")
+    for r in range(nproc if backend == "mpi" and wrapper.strip() else 0):
+        program = shlex.split(wrapper.replace("{rank}", str(r)))[0]
+        if shutil.which(program) is None:  # said as under gloo: mpiexec says it twice in its words, exit 255
+            shutil.rmtree(folder, ignore_errors=True)
+            raise CommprofError(f"cannot start rank {r} ({program}): No such file or directory")
     code, template = 1, None
     try:
         if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment

@@ -168,6 +168,8 @@ def _one_line(message: str) -> str:
 def _exit_now(code: int) -> None:
     """Exit without running a broken process group's destructors (gloo aborts in them after a failure)."""
     job.note_exit(code)
+    if code:
+        job.release_shared_memory()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -88,12 +88,14 @@ def _child() -> None:
     if job.process_state(parent) == "T":
         _say(f"rank {rank} was stopped (SIGSTOP) during start-up and did not resume within {limit:g} s "
              "(--timeout + 2 s)", rank)
+        _unlink_segments(parent)
         os.kill(parent, signal.SIGKILL)
         return
     ready, _, _ = select.select([sys.stdin], [], [], CAUSE_FIRST_S)
     if ready:
         return
     _say(message, rank)
+    _unlink_segments(parent)
     os.kill(parent, signal.SIGQUIT if int(signal.SIGQUIT) == PeerError.exit_code else signal.SIGKILL)
     ready, _, _ = select.select([sys.stdin], [], [], 1.0)  # its pipe closes as it dies
     if not ready:
@@ -101,6 +103,30 @@ def _child() -> None:
             os.kill(parent, signal.SIGKILL)  # it had not the handler yet
         except OSError:
             pass
+
+
+def _unlink_segments(pid: int) -> None:
+    """The MPICH segments the rank and its siblings (its launcher's other children: the job's ranks on this
+    host) map, unlinked before the job is ended: inside MPI_Init none has unlinked them yet (comm/__init__.py),
+    and under a bare mpiexec, which kills every rank once one ends, nobody else would."""
+    found = job.mpich_segments(pid)
+    ppid = _parent_of(pid)
+    for entry in os.listdir("/proc") if ppid is not None else ():
+        if entry.isdigit() and int(entry) != pid and _parent_of(int(entry)) == ppid:
+            found |= job.mpich_segments(entry)
+    for path in found:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _say(message: str, rank: int) -> None:

@@ -146,6 +146,9 @@ def check_in(rank: int, world_size: int, *, timeout_s: float, poll_s: float = 0.
 
 
 SHARED_MEMORY = "/dev/shm/"
+MPICH_SHARED_MEMORY = "/dev/shm/mpich_"
+"""MPICH's intranode segments (mpich_shm_*, mpich_shar_tmp*): the only files a rank removes on its own (a script's
+own are its business)."""
 
 
 def note_shared_memory() -> None:
@@ -162,6 +165,45 @@ def note_shared_memory() -> None:
         return
     if mine:
         (where / f"shm.{os.getpid()}").write_text("\n".join(mine) + "\n")
+
+
+def release_shared_memory() -> None:
+    """A rank ending on a failure without a launcher's job folder (a bare mpiexec, srun): unlink_shared_memory,
+    which nobody else would do (the launcher removes what its ranks noted, once every rank is gone)."""
+    if folder() is None:
+        unlink_shared_memory()
+
+
+def unlink_shared_memory() -> None:
+    """Unlink MPICH's intranode segments this process maps, once every rank of its host maps them: the name
+    goes, the memory stays theirs until the last ends. A job killed whole (Hydra kills every rank once one
+    dies) otherwise leaves 2 MiB a host in /dev/shm, never reclaimed."""
+    for path in mpich_segments("self"):
+        try:
+            os.unlink(path)
+        except OSError:  # a peer was first
+            pass
+
+
+def mpich_segments(pid: int | str) -> set[str]:
+    """The MPICH intranode segments process `pid` ("self": this one) maps."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split()[-1] for line in maps if f" {MPICH_SHARED_MEMORY}" in line}
+    except OSError:
+        return set()
+
+
+def note_segments_of_ranks(where: Path) -> None:
+    """The launcher, once the job failed: note the MPICH segments its ranks still map (a rank stopped or killed
+    inside MPI_Init noted none of its own), for removal once every rank is gone."""
+    for pid in pids(where).values():
+        found = mpich_segments(pid)
+        if found:
+            try:
+                (where / f"shm.{pid}").write_text("\n".join(sorted(found)) + "\n")
+            except OSError:
+                pass
 
 
 def shared_memory(where: Path) -> list[str]:

@@ -262,6 +262,7 @@ def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout
                     rc = p.poll()
                     if rc not in (None, 0):
                         failed_at = time.monotonic()
+                        job.note_segments_of_ranks(folder)
                         if ranks is not None and rc < 0:
                             _death(*_culprit(template, p, f"rank {ranks[i]}", rc), folder)
                         elif ranks is not None and not job.exited(folder, ranks[i]):
@@ -279,6 +280,7 @@ def _supervise(children: list, folder: Path, *, ranks: list[int] | None, timeout
                                f"(--timeout)", folder)
                     if job.failure(folder) is not None:
                         failed_at = time.monotonic()
+                        job.note_segments_of_ranks(folder)  # before mpiexec ends them
             elif time.monotonic() - failed_at > GRACE_S:
                 _stop(children)
                 _stop_pids(folder)

@@ -249,3 +249,17 @@ def test_sigterm_to_the_launcher_is_exit_143_under_every_backend(tmp_path, backe
         kill_session(proc)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "killed by" not in err and "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a /dev/shm of the job's own takes a mount namespace (root)")
+@pytest.mark.parametrize("spec", ["die:rank=1:seq=4", "stall:rank=1:seq=4"])
+def test_a_bare_mpiexec_job_that_fails_leaves_no_shared_memory(spec):
+    # Hydra kills every rank once one dies, so nothing of the job is left to remove MPICH's segment: each rank
+    # unlinks its name once all map it. The job runs with a /dev/shm of its own, listed as it ends.
+    from commprof.launch import find_mpiexec
+
+    job = (f"mount -t tmpfs tmpfs /dev/shm && {find_mpiexec()} -n 2 {sys.executable} -m commprof bench all_reduce "
+           f"--backend mpi {' '.join(SMALL)} >/dev/null 2>&1; echo left: $(ls /dev/shm)")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", job], env=fault_env(spec),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "left:", proc.stdout + proc.stderr

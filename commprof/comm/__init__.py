@@ -246,6 +246,9 @@ def _init_mpi(world: World, oversubscribed: bool) -> Comm:
     if size != world.world_size:
         raise UsageError(f"backend mpi needs ranks started by mpiexec (MPI sees {size} rank(s), "
                          f"the launcher {world.world_size}); use --nproc N or mpiexec -n N")
+    if size > 1:  # every rank maps MPICH's intranode segment once all have passed here: its name can go
+        MPI.COMM_WORLD.Barrier()
+        job.unlink_shared_memory()
     return mpi_comm.MpiComm(comm=MPI.COMM_WORLD, clock=CpuClock())
 
 

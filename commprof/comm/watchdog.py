@@ -260,7 +260,8 @@ class Watchdog:
                 stream.flush()
             except Exception:  # a closed pipe, a launcher gone: the exit still comes
                 pass
-        if job.folder() is None:  # no commprof launcher to end the others
+        if job.folder() is None:  # no commprof launcher to end the others, nor to remove MPICH's segment
+            job.release_shared_memory()
             _abort_mpi(code)
         job.note_exit(code)
         os._exit(code)

@@ -67,10 +67,12 @@ def take_signals() -> None:
 
 
 def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, timeout_s: float,
-           json_path: str | None = None, trace_dir: str | None = None, huge_pages: bool = False) -> int:
+           json_path: str | None = None, trace_dir: str | None = None, huge_pages: bool = False,
+           served: bool = False) -> int:
     """Run `commprof <argv>` as `nproc` local ranks; returns the job's exit code. `timeout_s`: how long a
     rank may stay stopped. `huge_pages` (--huge-pages) puts torch's large CPU buffers on huge pages; without
-    it the ranks' allocator is the environment's, as the user's own job would have it."""
+    it the ranks' allocator is the environment's, as the user's own job would have it. `served`: a rank
+    serves an endpoint the host must reach (--live's): an MPI job then stays in the host's network."""
     take_signals()
     env = dict(os.environ)
     # One rank per core gets one intra-op thread per core it owns, as torchrun does by default.
@@ -96,7 +98,7 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
     try:
         if backend == "mpi":  # mpiexec knows the rank, the wrapper reads it from the environment
             code = _mpiexec(shlex.split(wrapper.replace("{rank}", "%q{PMI_RANK}")) + command, nproc, env,
-                            oversubscribed, folder, timeout_s)
+                            oversubscribed, folder, timeout_s, own_network=not served)
         else:
             port = free_port()
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
@@ -181,7 +183,7 @@ def find_mpiexec() -> str:
 
 
 def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, folder: Path,
-             timeout_s: float) -> int:
+             timeout_s: float, own_network: bool = True) -> int:
     mpiexec = find_mpiexec()
     version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout
     flags = []
@@ -191,7 +193,9 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
             flags.append("--oversubscribe")
     private = []
     if "HYDRA" in version:  # its control port listens on every interface: the job gets a network of its own
-        private = [sys.executable, "-m", "commprof.netns"]
+        # unless a rank serves what the host must reach (--live's endpoint): a network of its own would hold
+        # that too (docs/live.md)
+        private = [sys.executable, "-m", "commprof.netns"] if own_network else []
         flags += ["-iface", "lo"]
     proc = subprocess.Popen([*private, mpiexec, "-n", str(nproc), *flags, *command], env=env,
                             stdout=subprocess.PIPE)

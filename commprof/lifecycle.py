@@ -151,11 +151,17 @@ def main(command: Job, args: argparse.Namespace) -> int:
     if nproc > 1 or cfg.backend == "mpi":
         return launch.launch(list(cfg.out.argv), nproc=nproc, backend=cfg.backend, oversubscribed=nproc > have,
                              timeout_s=cfg.timeout_s, json_path=cfg.out.json, trace_dir=cfg.out.trace,
-                             huge_pages=cfg.huge_pages)
+                             huge_pages=cfg.huge_pages, served=_serves(cfg))
     _huge_pages(cfg)
     if cfg.bind_cores:
         bind_cores(world)
     return command.run_rank(cfg, world, have)
+
+
+def _serves(cfg: Config) -> bool:
+    """A rank serves an endpoint the host must reach: --live's, unless --metrics-port off."""
+    live = getattr(cfg, "live", None)
+    return live is not None and live.address is not None
 
 
 def _check_outputs(cfg: Config) -> None:

@@ -84,3 +84,33 @@ def test_a_fifo_with_no_reader_does_not_hold_the_job(tmp_path):
                     "--live-log", str(path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count(f"cannot write --live-log {path} (a FIFO with no reader)") == 1
+
+
+def test_an_mpi_jobs_endpoint_is_reached_from_the_host(tmp_path):
+    # a local MPI job runs in a network namespace of its own (Hydra's control port listens on every
+    # interface), which held rank 0's endpoint too: the host could not reach it
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from spawn import kill_session
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "commprof", *RUN, "--backend", "mpi", "--steps", "100000",
+                             "--warmup", "1", "--eval-samples", "0", "--live", "--live-window", "5", "--metrics-port",
+                             f"127.0.0.1:{port}"], env=env_for_tests(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    body, deadline = "", time.monotonic() + 90
+    try:
+        while "commprof_steps_total{" not in body and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.25)
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                pass
+    finally:
+        kill_session(proc)
+    assert 'commprof_steps_total{host="' in body, proc.stderr.read()[-3000:] if proc.stderr else ""

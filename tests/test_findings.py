@@ -275,3 +275,14 @@ def test_an_untraced_pipeline_run_prints_its_findings_bubble_included(tmp_path):
     assert f["step_ms_without"] == pytest.approx(step - f["ms_per_step"]) and f["step_ms_without"] <= step
     assert "scope" not in doc["findings"] and len(doc["findings"]["by_rank"]) == 2, doc["findings"]
     assert proc.stdout.index("findings") < proc.stdout.index("commprof run ·") and "  bubble " in proc.stdout
+
+
+def test_a_script_of_warm_up_only_has_no_findings_beside_its_empty_table(tmp_path):
+    # pytorch/examples' DDP example takes one step: "0 measured of 1" and an all-zero table stood beside a
+    # straggler finding "over the measured iterations", read from the warm-up iteration in the trace
+    proc = commprof("profile", "--nproc", "2", "--json", str(tmp_path / "p.json"), "--", SCRIPT, "--steps", "1",
+                    "--delay-ms", str(DELAY_MS))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["steps"]["measured"] == 0 and doc["findings"]["items"] is None, doc["findings"]
+    assert "findings: none computed (no measured iteration" in proc.stdout and "arrives last" not in proc.stdout

@@ -298,8 +298,14 @@ class Session:
         from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 
-        block = (of_trace(self.life.folder.path, link=self.cfg.link) if self.life.folder is not None
-                 else monitor.findings_block(self.live))
+        if not doc["steps"]["measured"]:  # the trace's iterations are all warm-up: nothing to find in them
+            from commprof.findings.kinds import THRESHOLD
+
+            block = {"threshold": THRESHOLD, "items": None, "why": "no measured iteration: every iteration was "
+                     f"warm-up (--warmup {self.cfg.warmup})"}
+        else:
+            block = (of_trace(self.life.folder.path, link=self.cfg.link) if self.life.folder is not None
+                     else monitor.findings_block(self.live))
         doc["findings"] = with_figures(block, doc)
         print_profile(doc)
         said = note(env.get("contention"))

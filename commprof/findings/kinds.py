@@ -146,9 +146,11 @@ def _exposed(m: Measured, a: Analysis) -> list[dict]:
     factor = COLLECTIVES[name].bus_factor(len(mine[0].parties)) if mine and name in COLLECTIVES else 1.0
     busbw = nbytes / (took / 1e3) / 1e9 * factor if took > 0 else None
     without = whatif.step_without(m, a, cost=whatif.op_free(signature, a))
-    return [_finding("exposed_comm", a, ms, without, op=name, group=label, bytes=nbytes,
-                     evidence={"per_step": len(mine) / a.iterations, "transfer_ms_median": took,
-                               "busbw_GBps": busbw})]
+    # its cost is what the step saves without it (the replay's), as every finding's; the transfer the ranks
+    # sat in, which another op's wait may cover too, is its evidence
+    return [_finding("exposed_comm", a, max(0.0, a.step_ms - without), without, op=name, group=label,
+                     bytes=nbytes, evidence={"per_step": len(mine) / a.iterations, "transfer_ms_median": took,
+                                             "busbw_GBps": busbw, "exposed_ms_per_step": ms})]
 
 
 def _latency_bound(m: Measured, a: Analysis) -> list[dict]:

@@ -103,19 +103,21 @@ def without_straggler(m: Measured, analysis: Analysis, rank: int) -> float:
 
 def step_without(m: Measured, analysis: Analysis, *, edit: Edit | None = None,
                  cost: Callable[[Op], float] | None = None) -> float:
-    """The measured step less what `edit` (of each iteration's programs) and `cost` (of each op) save: the
-    median over the iterations, or over REPLAYED of them evenly spaced in a longer job."""
+    """The measured step (Measured.measured_wall_ms) less what `edit` (of each iteration's programs) and
+    `cost` (of each op) save: their median saving over the iterations, or over REPLAYED of them evenly spaced
+    in a longer job."""
     base_cost = measured_costs(analysis)
     cost = cost or base_cost
-    out = []
+    saved = []
     for programs in spaced(m.iterations, REPLAYED):
         lags = _lags(programs)
         base = replay(_as_measured(programs, lags, base_cost), base_cost)[0]
         edited = replay(_as_measured(edit(programs) if edit else programs, lags, cost), cost)[0]
         # a cause taken away never lengthens an iteration: an edited replay that ends later (an op priced as
         # it took aligned costing more than it took late) saves nothing there
-        out.append(max(p.wall_ms for p in programs) - max(0.0, base - edited))
-    return max(0.0, median(out))
+        saved.append(max(0.0, base - edited))
+    # the step less the median saving: a finding's cost is then exactly the step less its step without
+    return max(0.0, m.measured_wall_ms - median(saved))
 
 
 def _lags(programs: tuple[Program, ...]) -> dict[tuple, float]:

@@ -17,6 +17,7 @@ Exercised by: `pytest tests/unit/test_predict.py`.
 from __future__ import annotations
 
 import os
+import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class Measured:
     iterations: tuple[tuple[Program, ...], ...]
     """Per measured iteration, every rank's program."""
     measured_wall_ms: float
-    """Median over those iterations of the slowest rank's iteration."""
+    """The step: each rank's median iteration over those iterations, of the slowest rank (the tables' figure)."""
     aligned: tuple[tuple[Program, ...], ...] = ()
     """Per aligned iteration (record/aligned.py: the warm-up iterations after the first), every rank's program."""
 
@@ -174,9 +175,10 @@ def from_ranks(ranks, world_size: int, source: str, *, strategy: str, global_bat
     if count == 0:
         raise UsageError(f"{source}: the trace holds no measured iteration (raise --steps above --warmup)")
     iterations = tuple(tuple(p[i] for p in per_rank) for i in range(count))
-    walls = sorted(max(p.wall_ms for p in it) for it in iterations)
+    # the slowest rank's median, as the tables' "ms/iteration (slowest rank)": one step everywhere
+    slowest = max(statistics.median(p[i].wall_ms for i in range(count)) for p in per_rank)
     return Measured(source=source, strategy=strategy, backend=backend, world_size=len(order), hosts=tuple(hosts),
-                    global_batch=global_batch, iterations=iterations, measured_wall_ms=walls[len(walls) // 2],
+                    global_batch=global_batch, iterations=iterations, measured_wall_ms=slowest,
                     aligned=aligned)
 
 

@@ -33,8 +33,8 @@ def findings_text(block: dict | None) -> Text | None:
         out.append(f"  (measured while other processes used {block['contended']['others_cores']:.1f} core(s) of this "
                    "host: a straggler or an imbalance here may be the machine's, not a rank's)\n", style="dim")
     if block.get("step_ms") is not None:
-        out.append(f"  (the step: {block['step_ms']:.1f} ms, the median over the measured iterations of the slowest "
-                   "rank's; the tables show each rank's median)\n", style="dim")
+        out.append(f"  (the step: {block['step_ms']:.1f} ms, the slowest rank's median over the measured iterations, "
+                   "as in the tables; each finding's cost is the step less its step without it)\n", style="dim")
     out.rstrip()
     return out
 
@@ -69,8 +69,9 @@ def _what(f: dict) -> str:
                 f"({share:.0f} % of the step)")
     if f["kind"] == "exposed_comm":
         bw = "" if e["busbw_GBps"] is None else f", {e['busbw_GBps']:.3g} GB/s bus bandwidth"
-        return (f"{f['op']} ({f['group']}) of {format_bytes(f['bytes'])}: {ms:.1f} ms/step of transfer exposed "
-                f"({share:.0f} % of the step), {e['per_step']:.3g} a step{bw}")
+        exposed = e.get("exposed_ms_per_step", ms)
+        return (f"{f['op']} ({f['group']}) of {format_bytes(f['bytes'])}: {ms:.1f} ms/step ({share:.0f} % of the "
+                f"step), {exposed:.1f} ms/step of its transfer exposed, {e['per_step']:.3g} a step{bw}")
     if f["kind"] == "latency_bound":
         under = (f"under n½ = {format_bytes(int(e['n_half_bytes']))} on the bus (α {e['alpha_us']:.0f} µs, "
                  f"{e['bandwidth_GBps']:.3g} GB/s)" if e["n_half_bytes"] is not None else

@@ -4,6 +4,7 @@ The fast lane (tests/unit/) reads them back and starts no process itself.
 
     python tests/support/record.py            # every fixture again (a few minutes at 2 ranks)
     python tests/support/record.py slowed     # one of them
+    python tests/support/record.py --findings # the traced profiles' findings made again from their traces
 
 A fixture is recorded whole or not at all: each job writes to a temporary folder that replaces the old one only
 when the job exited 0.
@@ -74,6 +75,32 @@ def record(name: str) -> None:
     print(f"recorded {name}: {sum(p.stat().st_size for p in (OUT / name).rglob('*') if p.is_file()) // 1024} KiB")
 
 
+def refind(name: str) -> None:
+    """A traced profile fixture's findings made again from its recorded trace, where the analysis changed: the
+    JSON's findings block, the slices drawn in its trace.json and the findings atop its stdout.txt; the
+    measurements stay as the job wrote them."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from commprof.findings.figures import with_figures
+    from commprof.findings.kinds import of_trace
+    from commprof.report.findings_block import findings_text
+
+    folder = OUT / name
+    doc = json.loads((folder / "profile.json").read_text())
+    doc["findings"] = with_figures(of_trace(str(folder / "trace")), doc)
+    (folder / "profile.json").write_text(json.dumps(doc, indent=1) + "\n")
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None, force_terminal=False).print(findings_text(doc["findings"]),
+                                                                              highlight=False)
+    printed = (folder / "stdout.txt").read_text()
+    tables = printed[printed.index("commprof profile · "):]
+    (folder / "stdout.txt").write_text(buf.getvalue() + tables)
+    print(f"found again {name}")
+
+
 def _relative(folder: Path) -> None:
     """The JSON names its trace folder by the temporary path it was written to: the fixture's own name instead,
     relative to the JSON, so a test reads it wherever the checkout lies."""
@@ -95,8 +122,15 @@ def readme() -> None:
     (OUT / "README.md").write_text("\n".join(lines) + "\n")
 
 
+REFOUND = ("slowed", "balanced", "per-param")
+"""The traced profile fixtures whose findings `--findings` makes again."""
+
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
+    if sys.argv[1:2] == ["--findings"]:
+        for name in sys.argv[2:] or REFOUND:
+            refind(name)
+        sys.exit(0)
     for name in sys.argv[1:] or FIXTURES:
         if name not in FIXTURES:
             sys.exit(f"record: no fixture {name!r}; one of {', '.join(FIXTURES)}")

@@ -94,8 +94,15 @@ def _child() -> None:
     ready, _, _ = select.select([sys.stdin], [], [], CAUSE_FIRST_S)
     if ready:
         return
+    stopped = job.stopped_sibling(parent)
+    if stopped is not None:  # a peer on this host stopped before its own guard began: it is the cause
+        pid, who = stopped
+        message = (f"rank {who} was stopped (SIGSTOP) during start-up and did not resume within {limit:g} s "
+                   "(--timeout + 2 s)")
     _say(message, rank)
     _unlink_segments(parent)
+    if stopped is not None:  # a launcher's SIGTERM never reaches it (torchrun's SIGKILL comes 30 s later)
+        os.kill(stopped[0], signal.SIGKILL)
     os.kill(parent, signal.SIGQUIT if int(signal.SIGQUIT) == PeerError.exit_code else signal.SIGKILL)
     ready, _, _ = select.select([sys.stdin], [], [], 1.0)  # its pipe closes as it dies
     if not ready:
@@ -110,23 +117,15 @@ def _unlink_segments(pid: int) -> None:
     host) map, unlinked before the job is ended: inside MPI_Init none has unlinked them yet (comm/__init__.py),
     and under a bare mpiexec, which kills every rank once one ends, nobody else would."""
     found = job.mpich_segments(pid)
-    ppid = _parent_of(pid)
+    ppid = job.parent_of(pid)
     for entry in os.listdir("/proc") if ppid is not None else ():
-        if entry.isdigit() and int(entry) != pid and _parent_of(int(entry)) == ppid:
+        if entry.isdigit() and int(entry) != pid and job.parent_of(int(entry)) == ppid:
             found |= job.mpich_segments(entry)
     for path in found:
         try:
             os.unlink(path)
         except OSError:
             pass
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _say(message: str, rank: int) -> None:

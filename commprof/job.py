@@ -235,3 +235,32 @@ def process_state(pid: int) -> str | None:
     except OSError:
         return None
     return stat[stat.rfind(")") + 2:][:1] or None
+
+
+def stopped_sibling(pid: int) -> tuple[int, str] | None:
+    """(pid, rank) of a stopped rank beside `pid` — its launcher's other children (torchrun's agent's, a
+    Hydra proxy's) — where no commprof launcher watches the ranks (it names a stopped one itself)."""
+    ppid = parent_of(pid)
+    if ppid is None or folder() is not None:
+        return None
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != pid and parent_of(int(entry)) == ppid \
+                and process_state(int(entry)) in ("T",):
+            try:
+                raw = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            env = dict(v.split(b"=", 1) for v in raw.split(b"\0") if b"=" in v)
+            who = env.get(b"RANK") or env.get(b"PMI_RANK")
+            if who is not None:
+                return int(entry), who.decode()
+    return None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of `pid`, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -10,6 +10,7 @@ Backends: gloo and nccl through torch.distributed, mpi through mpi4py. Exercised
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from commprof.comm.base import Comm
 from commprof.comm.control import ControlPlane
 from commprof.comm.faults import Injector
 from commprof.comm.handle import Handle
-from commprof.errors import PeerTimeoutError, UsageError
+from commprof.errors import PeerError, PeerTimeoutError, UsageError
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.world import World
 
@@ -160,6 +161,11 @@ def _init_torch(world: World, backend: str, timeout_s: float, device: str) -> Co
                                                       clock=clock)
     except (RuntimeError, ValueError) as exc:  # DistStoreError and friends: peers never arrived
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        stopped = job.stopped_sibling(os.getpid())
+        if stopped is not None:  # a peer beside it stopped before its own guard began: it is the cause
+            os.kill(stopped[0], signal.SIGKILL)  # a launcher's SIGTERM never reaches it (torchrun's grace: 30 s)
+            raise PeerError(f"rank {stopped[1]} was stopped (SIGSTOP) during start-up and did not resume within "
+                            f"{timeout_s:g} s (--timeout)") from None
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
                                f"failed within {timeout_s:g} s (--timeout): {first}") from None
     comm.timeout_s = timeout_s

@@ -117,8 +117,9 @@ def _within(rank: int, spans: tuple) -> bool:
 
 
 def dump(folder: str | Path, snap: dict) -> Path:
-    """Write one rank's snapshot to FOLDER/rank<r>.flight.json."""
+    """Write one rank's snapshot to FOLDER/rank<r>.flight.json (report/files.py's OutputError if it cannot)."""
+    from commprof.report.files import write_atomic
+
     path = Path(folder) / f"rank{snap['rank']}.flight.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(snap, indent=1) + "\n")
+    write_atomic(path, json.dumps(snap, indent=1) + "\n", sync=False)  # a rank killed meanwhile leaves none, not 0 B
     return path

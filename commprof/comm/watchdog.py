@@ -245,7 +245,7 @@ class Watchdog:
         if self._dump_dir:
             try:
                 flight.dump(self._dump_dir, self._snapshot(message))
-            except OSError:
+            except (OSError, OutputError):  # a full disk: the results are saved next, and said
                 pass
         self._run_salvage(code, message, speak=speak)
         job.tell_torchrun(message if speak else f"rank {self._rank} ended on a peer's failure: {message}",

@@ -17,6 +17,7 @@ Exercised by: `pytest tests/test_bench_cli.py tests/test_failures.py tests/unit/
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import os
@@ -76,7 +77,8 @@ def _write(path: Path, text: str, sync: bool) -> None:  # a symlink's target is 
             f.write(text)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _remove_stale(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
@@ -88,6 +90,21 @@ def _write(path: Path, text: str, sync: bool) -> None:  # a symlink's target is 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale(path: Path) -> None:
+    """Temp files of `path` whose writer is gone (killed between its write and its rename: a 0-byte
+    `.out.json.<pid>.<random>.tmp` beside the file), removed before the next write."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            stale.unlink(missing_ok=True)
+        except OSError:  # alive, another user's
+            pass
 
 
 def _umask() -> int:

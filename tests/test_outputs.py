@@ -84,6 +84,8 @@ def test_a_disk_that_fills_during_a_run_is_one_line_naming_the_file(tmp_path):
     doc = json.loads(out.read_text())  # what was kept, whole, with the job's verdict
     assert doc["complete"] is False and doc["reason"] == line
     assert not job_folders(tmp_path)
+    for rank in (0, 1):  # each rank's own trace whole JSON still: the write the disk cut short taken back
+        assert isinstance(json.loads((traces / f"rank{rank}.trace.json").read_text()), list)
 
 
 def test_a_closed_stdout_is_one_line_and_a_closed_stderr_or_stdin_is_dev_null(tmp_path):

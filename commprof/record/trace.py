@@ -167,9 +167,19 @@ class TraceRecorder:
             while done < len(data):  # a regular file takes it whole, short of a full disk or a fatal signal
                 done += os.pwrite(self._fd, data[done:], self._end + done)
         except OSError as exc:  # the job's one line names the file (a full disk: the private trace's too)
+            self._restore()
             raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
         self._end += len(data) - len(CLOSE)
         self._written += len(events)
+
+    def _restore(self) -> None:
+        """After a write the disk cut short: the file back to the whole array it was (the cut part removed,
+        its blocks freed, the array's end written again within them)."""
+        try:
+            os.ftruncate(self._fd, self._end)
+            os.pwrite(self._fd, (CLOSE if self._end else "[]\n").encode(), self._end)
+        except OSError:
+            pass
 
     def _thread(self, name: str, members: list[int] | None = None, slot: int = 0) -> int:
         tid = self._threads.get((name, slot))

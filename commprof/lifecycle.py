@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from commprof import launch
+from commprof import job, launch
 from commprof.backends import slots
 from commprof.errors import UsageError
 from commprof.report.files import Outputs
@@ -140,7 +140,7 @@ def main(command: Job, args: argparse.Namespace) -> int:
         cfg = command.build_config(args)
         _check_outputs(cfg)
         command.check_world(cfg, world.world_size)
-        _check_faults(world.world_size)
+        _check_faults(world.world_size, say=world.rank == 0 and job.folder() is None)
         _huge_pages(cfg)
         if cfg.bind_cores:
             bind_cores(world)
@@ -170,13 +170,17 @@ def _check_outputs(cfg: Config) -> None:
     cfg.out.check(None if live is None else {"--live-log": live.log, "--metrics-targets": live.targets})
 
 
-def _check_faults(world_size: int) -> None:
+def _check_faults(world_size: int, say: bool = True) -> None:
     """COMMPROF_FAULT (comm/faults.py) checked before any rank starts; torch is loaded only when it is set
     (comm/ imports it, and the launcher checks flags without it)."""
     if os.environ.get("COMMPROF_FAULT"):
+        import sys
+
         from commprof.comm import faults
 
-        faults.check(world_size)
+        for line in faults.check(world_size):  # said once: by the launcher, or rank 0 under another's
+            if say:
+                sys.stderr.write(f"commprof: {line}\n")
 
 
 def _huge_pages(cfg: Config) -> None:

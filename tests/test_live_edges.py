@@ -46,13 +46,14 @@ def test_what_live_cannot_write_or_hold_is_refused_before_any_rank_starts(tmp_pa
         assert "rank" not in proc.stdout
 
 
-def test_a_fault_that_could_never_fire_is_refused_before_any_rank_starts():
-    for spec, words in (("die:rank=5", "rank=5 in 'die': the job has ranks 0-1"),
-                        ("slow:rank=1:op=allreduce", "op='allreduce'"), ("die:rank=1:signal=_IGN", "'_IGN'"),
+def test_a_fault_that_cannot_be_read_is_refused_before_any_rank_starts_and_one_that_never_fires_said():
+    for spec, words in (("slow:rank=1:op=allreduce", "op='allreduce'"), ("die:rank=1:signal=_IGN", "'_IGN'"),
                         ("slow:rank=1:ms=1e300", "from 0 to 3600000 ms")):
         proc = commprof(*RUN, "--steps", "3", env=env_for_tests(COMMPROF_FAULT=spec))
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], (spec, proc.stderr[-2000:])
+    proc = commprof(*RUN, "--steps", "3", env=env_for_tests(COMMPROF_FAULT="die:rank=5"))
+    assert proc.returncode == 0 and proc.stderr.count("rank=5 in 'die': the job has ranks 0-1, so it never fires") == 1
 
 
 def test_a_log_that_fails_is_said_once_the_linger_outlasts_the_timeout_and_from_step_fires(tmp_path):

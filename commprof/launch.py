@@ -123,6 +123,8 @@ def launch(argv: list[str], *, nproc: int, backend: str, oversubscribed: bool, t
         if template is not None:
             _end_template(template)
         _stop_pids(folder)
+        if code:
+            _stop_descendants(folder)
         try:
             if code:
                 _salvage(folder, code, json_path, trace_dir)
@@ -407,6 +409,16 @@ def _stop_pids(folder: Path) -> None:
     counts as this job's only while its environment names the job folder, so a reused pid is left alone."""
     for pid in job.pids(folder).values():
         _kill_rank(folder, pid)
+
+
+def _stop_descendants(folder: Path) -> None:
+    """A failed job: SIGKILL every process left whose environment names the job folder — what a rank's script
+    forked (a data loader's workers, a server of its own), in the rank's session or not, which would outlive
+    the job until it noticed its parent gone (17 s and more)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            _kill_rank(folder, int(entry))
 
 
 def _kill_rank(folder: Path, pid: int) -> None:

@@ -187,3 +187,27 @@ def test_ranks_with_different_models_fail_ddps_own_check(tmp_path):
     said = ("RuntimeError: [1]: params[0] in this process with sizes [48, 32] appears not to match sizes of the "
             "same param in process 0.")
     assert said in proc.stderr, proc.stderr[-3000:]
+
+
+def test_what_a_failed_jobs_script_forked_goes_with_it(tmp_path):
+    # a script's own child (a data loader's worker, a server) outlived the failed job by 17 s and more, until
+    # it noticed its parent gone; it holds the job's folder in its environment, as every process of the job
+    script = tmp_path / "forks.py"
+    script.write_text("import os, subprocess, sys, time, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+                      "                         start_new_session=True)\n"
+                      f"open({str(tmp_path)!r} + f'/child{{dist.get_rank()}}', 'w').write(str(child.pid))\n"
+                      "dist.barrier()\n"
+                      "if dist.get_rank() == 1:\n"
+                      "    raise RuntimeError('bad batch')\n"
+                      "dist.barrier()\n")
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--", str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    children = [int((tmp_path / f"child{r}").read_text()) for r in (0, 1)]
+    time.sleep(0.5)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
+             open(f"/proc/{pid}/stat").read().split(") ", 1)[1][0] != "Z"]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive

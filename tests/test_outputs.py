@@ -189,3 +189,23 @@ def test_every_command_says_each_file_it_wrote_once(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert (row["strategy"], int(row["nproc"])) == ("ddp", doc["env"]["world_size"])
     assert float(row["wall_ms"]) == pytest.approx(doc["summary"]["wall_ms"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a disk of the job's own takes a mount namespace (root)")
+def test_a_disk_full_at_the_end_leaves_the_reason_not_running(tmp_path):
+    # the disk fills while the job runs (a file of another's takes what is left): the final document cannot
+    # be written, and the running one said "reason": "running" for good; its reason is now written in place
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    job = (f"mount -t tmpfs -o size=2m tmpfs {disk} && cd {disk} && "
+           f"({sys.executable} -m commprof run --strategy ddp --nproc 2 --steps 400 --warmup 1 --eval-samples 0 "
+           f"--json {disk}/r.json >/dev/null 2>{tmp_path}/err; echo $? > {tmp_path}/code) & "
+           f"while [ ! -s {disk}/r.json ]; do sleep 0.05; done; dd if=/dev/zero of={disk}/fill bs=4k 2>/dev/null; "
+           f"wait; cat {tmp_path}/code; echo =====; cat {tmp_path}/err; echo =====; cat {disk}/r.json")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", job],
+                          env=env_for_tests(TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=300)
+    code, err, doc = proc.stdout.split("=====\n", 2)
+    assert code.strip() == "1" and err.startswith("commprof: error: cannot write "), (code, err, proc.stderr)
+    doc = json.loads(doc)
+    assert doc["complete"] is False and doc["reason"] != "running", doc["reason"]
+    assert "No space left on device" in doc["reason"] and len(doc["iterations"]["0"]) >= 1

@@ -165,9 +165,46 @@ def write_result(path: str | Path, doc: dict, *, snapshot: bool = False, say: bo
     """Every command's JSON document, written one way: indented, atomically, and said (`json: PATH`) unless
     `snapshot` — the results of a job still going (not synced to disk, skipped for a device or a pipe) — or
     `say` is False, or the document is marked incomplete: a failed job says one line, its error."""
-    write_atomic(path, json.dumps(doc, indent=1) + "\n", sync=not snapshot, snapshot=snapshot)
+    text = json.dumps(doc, indent=1) + "\n"
+    if snapshot and doc.get("reason") == RUNNING:  # room kept to say, in place, why it stopped (below)
+        text = text.replace(_RUNNING, _RUNNING + " " * REASON_ROOM, 1)
+    try:
+        write_atomic(path, text, sync=not snapshot, snapshot=snapshot)
+    except OutputError:
+        if not snapshot and doc.get("complete") is False and doc.get("reason"):
+            _reason_in_place(Path(path), doc["reason"])
+        raise
     if say and not snapshot and doc.get("complete") is not False:
         said("json", path)
+
+
+RUNNING = "running"
+"""The reason of a document written while its job still runs."""
+_RUNNING = f'"reason": "{RUNNING}",'
+REASON_ROOM = 240
+"""Spaces kept after a running document's reason: where the disk is full when the job ends, the reason it
+stopped is written over them, in place, on blocks the file already has."""
+
+
+def _reason_in_place(path: Path, reason: str) -> None:
+    """A running document that cannot be replaced (a full disk): its reason overwritten in place, shortened to
+    the room kept, so that it does not go on saying "running"."""
+    try:
+        with open(path, "r+b") as f:
+            head = f.read(4096)
+            at = head.find(_RUNNING.encode())
+            if at < 0:
+                return
+            room = len(_RUNNING) + len(head[at + len(_RUNNING):]) - len(head[at + len(_RUNNING):].lstrip(b" "))
+            for keep in range(len(reason), -1, -1):
+                shown = reason[:keep] + ("…" if keep < len(reason) else "")
+                new = f'"reason": {json.dumps(shown)},'.encode()
+                if len(new) <= room:
+                    break
+            f.seek(at)
+            f.write(new.ljust(room))
+    except OSError:
+        pass
 
 
 def write_json(path: str | Path, env: dict, results: list[dict], *, complete: bool = True,

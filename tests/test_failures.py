@@ -21,6 +21,20 @@ from spawn import commprof, env_for_tests, kill_session, processes, python_c, ra
 SMALL = ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "-w", "1", "--timeout", "3"]
 
 
+def signal_once_measuring(proc: subprocess.Popen, out: Path, sig: int) -> str:
+    """Send the launcher `sig` once the job measures (its --json `out` is written from the first result on);
+    its stderr once it ended."""
+    try:
+        deadline = time.monotonic() + 90
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.exists()
+        proc.send_signal(sig)
+        return proc.communicate(timeout=30)[1]
+    finally:
+        kill_session(proc)
+
+
 def one_line(proc) -> str:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("commprof: error: "), proc.stderr[-3000:]
@@ -141,15 +155,7 @@ def test_ctrl_c_of_the_launcher_ends_the_ranks_with_valid_files(tmp_path):
     proc = subprocess.Popen(command, env=env_for_tests(COMMPROF_TEST_TAG=tag), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        deadline = time.monotonic() + 90
-        while not out.exists() and time.monotonic() < deadline:  # the first collective is measured
-            time.sleep(0.05)
-        assert out.exists()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        kill_session(proc)
+    err = signal_once_measuring(proc, out, signal.SIGINT)
     assert proc.returncode == 130, err[-3000:]
     doc = json.loads(out.read_text())
     assert doc["complete"] is False and doc["reason"] == "interrupted" and doc["results"]
@@ -238,15 +244,7 @@ def test_sigterm_to_the_launcher_is_exit_143_under_every_backend(tmp_path, backe
                              "2", "-b", "8", "-e", "64M", "-n", "200", "-w", "1", "--json", str(out)],
                             env=env_for_tests(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while not out.exists() and time.monotonic() < deadline:  # measuring: the first size is kept
-            time.sleep(0.05)
-        assert out.exists()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        kill_session(proc)
+    err = signal_once_measuring(proc, out, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "killed by" not in err and "Traceback" not in err, err[-3000:]
 

@@ -47,6 +47,7 @@ class Kept:
         self._writing = threading.Lock()
         """Held while a snapshot is written: close() waits for it, so that no snapshot lands after the end."""
         self._thread: threading.Thread | None = None
+        self._writes = 0
 
     def update(self) -> None:
         """An iteration has ended: the writer is told (the first one starts it)."""
@@ -70,8 +71,9 @@ class Kept:
                 except Exception:  # a full disk: the job goes on, and its end says the file's fate
                     self._closed = True
                     return
-                took = time.monotonic() - start
-            time.sleep(max(self.SAVE_S, took / self.SHARE))
+                took, self._writes = time.monotonic() - start, self._writes + 1
+            # the first build pays the imports and caches of every later one (10 ms and more): not their pace
+            time.sleep(self.SAVE_S if self._writes == 1 else max(self.SAVE_S, took / self.SHARE))
 
     def close(self) -> None:
         """No more snapshots: the finished job's report is next (one being written is waited for)."""

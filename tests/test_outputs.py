@@ -198,7 +198,7 @@ def test_a_disk_full_at_the_end_leaves_the_reason_not_running(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     job = (f"mount -t tmpfs -o size=2m tmpfs {disk} && cd {disk} && "
-           f"({sys.executable} -m commprof run --strategy ddp --nproc 2 --steps 400 --warmup 1 --eval-samples 0 "
+           f"({sys.executable} -m commprof run --strategy ddp --nproc 2 --steps 100 --warmup 1 --eval-samples 0 "
            f"--json {disk}/r.json >/dev/null 2>{tmp_path}/err; echo $? > {tmp_path}/code) & "
            f"while [ ! -s {disk}/r.json ]; do sleep 0.05; done; dd if=/dev/zero of={disk}/fill bs=4k 2>/dev/null; "
            f"wait; cat {tmp_path}/code; echo =====; cat {tmp_path}/err; echo =====; cat {disk}/r.json")

@@ -23,7 +23,7 @@ GLOO_NAMES = {"reduce_scatter": "all_reduce"}
 """commprof's op name → gloo's event name where they differ: gloo runs reduce_scatter_tensor as an all_reduce
 (ProcessGroupGloo's `_reduce_scatter_base`) and its event is named for it."""
 
-MODES = [("fsdp_tp", 4, "torchrun"), ("compiled_autograd_ctx", 2, "torchrun"),
+MODES = [("fsdp_tp", 4, "torchrun"),
          ("compile_ddp,ddp_static,ddp_unused,compiled_sync,compile_fsdp,compiled_autograd_ctx,compiled_autograd", 2,
           "commprof")]
 """The modes, and the ranks and launcher of each job: modes on one default group share a job (one start-up,
@@ -80,3 +80,16 @@ def test_todays_idioms_are_counted_op_for_op_and_train_unchanged(tmp_path, mode,
     assert commprof_counts(doc) == gloo
     if mode.startswith("compile"):
         assert doc["unseen"] == {}  # DDP's bucket-order broadcast too: counted, through the reducer's group
+
+
+def test_compiled_autograd_as_the_tutorial_writes_it_under_torchrun(tmp_path):
+    # the form that exited 1 under profile (a callback queued inside compiled autograd without fullgraph),
+    # under the other launcher: its losses and counts against the plain run are checked in the job above
+    env = env_for_tests(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    out = tmp_path / "out.json"
+    proc = spawn([sys.executable, "-m", "commprof", "profile", "--json", str(out), str(SCRIPT), "--mode",
+                  "compiled_autograd_ctx"], nproc=2, backend="gloo", env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(losses(proc.stdout)) == 2 and "UserWarning" not in proc.stderr, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["steps"]["measured"] >= 1 and doc["env"]["backend"] == "gloo" and doc["volume"]["all_reduce"]

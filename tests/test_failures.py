@@ -131,7 +131,7 @@ def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend, start):
 def test_run_killed_mid_way_keeps_its_iterations_and_a_trace_that_merges(tmp_path):
     out, traces = tmp_path / "run.json", tmp_path / "trace"
     proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "12", "--warmup", "1",
-                    "--eval-samples", "0", "--timeout", "5", "--json", str(out), "--trace", str(traces),
+                    "--eval-samples", "0", "--timeout", "30", "--json", str(out), "--trace", str(traces),
                     env=fault_env("die:rank=1:op=all_reduce:seq=8"), timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert one_line(proc) == "rank 1 was killed by SIGKILL"

@@ -180,7 +180,7 @@ def test_sigterm_mid_run_leaves_traces_that_load(tmp_path):
 def test_a_rank_killed_mid_run_leaves_a_whole_json_file(tmp_path):
     out = tmp_path / "trace"
     proc = commprof("run", "--strategy", "ddp", "--nproc", "2", "--steps", "120", "--warmup", "1", "--batch-size", "8",
-                    "--eval-samples", "0", "--timeout", "5", "--trace", str(out),
+                    "--eval-samples", "0", "--timeout", "30", "--trace", str(out),
                     env=env_for_tests(COMMPROF_FAULT="die:rank=1:op=all_reduce:seq=100"))
     assert proc.returncode == 3 and "rank 1 was killed by SIGKILL" in proc.stderr, proc.stderr[-3000:]
     killed = json.loads((out / "rank1.trace.json").read_text())  # no repair: the file is whole JSON as it stands

@@ -343,11 +343,28 @@ def _culprit(template: subprocess.Popen | None, child, who: str, rc: int) -> tup
 
 def _death(who: str, rc: int, folder: Path) -> int:
     """A process ended by a signal (rc < 0) or without a word: claim it as the job's failure, exit 3."""
+    desync = _desync(folder) if rc not in _OUTSIDE else None
+    if desync:
+        return _claim(desync, folder, 4)
     if rc < 0:
         message = f"{who} was killed by {signal.Signals(-rc).name}"
     else:
         message = f"{who} ended without saying why (exit status {rc})"
     return _claim(message, folder)
+
+
+_OUTSIDE = (-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
+"""Deaths that come from outside (a kill, the OOM killer, a Ctrl-C), never a backend's own abort."""
+
+
+def _desync(folder: Path) -> str | None:
+    """The desync in the ranks' ring files, if any: a backend that meets one may abort a rank (gloo on a size
+    mismatch: SIGABRT; MPICH on a truncated message), which is then only the symptom."""
+    if len(list(folder.glob("rank*.ring"))) < 2:
+        return None
+    from commprof.comm import flight, ring_file  # torch comes with them: only on this path, never at launch
+
+    return flight.first_divergence(ring_file.read(folder))
 
 
 def _claim(message: str, folder: Path, code: int = 3) -> int:

@@ -5,6 +5,7 @@ and COMMPROF_FAULT. Real gloo ranks, unchanged scripts (tests/scripts/, or writt
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,25 @@ def test_an_extra_call_inside_a_ddp_loop_is_a_desync_not_the_survivors_error(tmp
     line = one_line(proc)
     assert line.startswith("desync at ") and line.endswith(called), line
     no_commprof_frames(proc)
+    assert sorted(p.name for p in dump.iterdir()) == ["rank0.flight.json", "rank1.flight.json"]
+
+
+@pytest.mark.parametrize("who", [0, 1])
+def test_an_extra_all_reduce_that_gloo_aborts_on_is_still_the_desync(tmp_path, who):
+    # no buffers: the extra all_reduce meets DDP's bucket all_reduce, and gloo aborts a rank on the size
+    # mismatch (SIGABRT) before any watchdog fires; its ring file in the job folder still says what it called
+    dump = tmp_path / "dump"
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--debug-dump", str(dump), "--", DDP,
+                    "--steps", "6", "--no-buffers", "--misbehave", "all_reduce", "--at", "3", "--rank", str(who))
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    # gloo's abort, the path under test, says its own words (std::terminate's, from C++) before the job's line
+    said = proc.stderr.strip().splitlines()
+    assert "doesn't match expected size" in proc.stderr and said[-1].startswith("commprof: error: "), said
+    assert sum(s.startswith("commprof:") for s in said) == 1 and "Traceback" not in proc.stderr, said
+    line = said[-1][len("commprof: error: "):]
+    calls = {r: re.search(rf"rank {r} called all_reduce ([^,]+)", line) for r in (0, 1)}
+    assert line.startswith("desync at all_reduce seq ") and all(calls.values()), line
+    assert calls[who].group(1) == "16 B float32" and calls[1 - who].group(1) != "16 B float32", line
     assert sorted(p.name for p in dump.iterdir()) == ["rank0.flight.json", "rank1.flight.json"]
 
 

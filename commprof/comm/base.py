@@ -48,7 +48,7 @@ class Comm:
         self.recorder.comms.append(self)
         self._now = clock.now
         self._append = self.recorder.ops.append
-        self._ring = self.recorder.ring.append
+        self._ring = self.recorder.append_ring
         self._labels: dict = {}
         self.busy: str | None = None
         """Label of the op this rank is blocked in, for the watchdog; None when not blocked."""

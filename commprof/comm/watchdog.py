@@ -30,7 +30,7 @@ import threading
 import time
 
 from commprof import job, streams
-from commprof.comm import flight
+from commprof.comm import flight, ring_file
 from commprof.errors import CommprofError, PeerError, PeerTimeoutError
 from commprof.report.files import OutputError
 
@@ -80,6 +80,8 @@ class Watchdog:
         self._salvage.append(fn)
 
     def __enter__(self) -> "Watchdog":
+        if self._world > 1 and job.folder() is not None:  # what a rank killed by a signal last called
+            ring_file.keep(self._comm.recorder, job.folder(), self._rank)
         if self._comm.control is not None:
             try:
                 self._comm.control.post_process()
@@ -162,13 +164,19 @@ class Watchdog:
                 control.post_state(self._snapshot(message))
                 states = control.states(within_s=self._answer_s)
                 answered = [r for r in states if r != self._rank]
-                code, message = _verdict(code, message, states, control.world_size, self._rank)
+                code, message = _verdict(code, message, states, control.world_size, self._rank,
+                                         self._dead_records(states, control.world_size))
             except Exception:  # the control plane is gone with rank 0: say what this rank saw
-                control = None
-                if self._rank != 0:
-                    message += "; rank 0 did not answer on the control plane"
-                if isinstance(err, PeerError):
-                    job.defer_to_launcher()
+                world, control = control.world_size, None
+                mine = {self._rank: self._snapshot(message)}
+                desync = flight.first_divergence({**self._dead_records(mine, world), **mine})
+                if desync:  # rank 0 aborted by its backend on meeting the desync
+                    code, message = 4, desync
+                else:
+                    if self._rank != 0:
+                        message += "; rank 0 did not answer on the control plane"
+                    if isinstance(err, PeerError):
+                        job.defer_to_launcher()
         if code != err.exit_code:
             say = None  # the verdict is another failure (a desync): it speaks, not the rank's own words
         # Said and saved before the verdict goes out: the answering ranks exit on it, and mpiexec may then
@@ -223,6 +231,20 @@ class Watchdog:
         except Exception:  # no go within GO_S, or the claimant's store went with it: exit now
             pass
         return code
+
+    def _dead_records(self, states: dict, world_size: int) -> dict[int, dict]:
+        """The ring files of the ranks on this host that did not answer (killed by a signal: a backend's
+        abort), dumped beside the others'."""
+        folder = job.folder()
+        if folder is None or len(states) == world_size:
+            return {}
+        found = ring_file.read(folder, [r for r in range(world_size) if r not in states])
+        for snap in found.values() if self._dump_dir else ():
+            try:
+                flight.dump(self._dump_dir, snap)
+            except (OSError, OutputError):
+                pass
+        return found
 
     def _snapshot(self, reason: str) -> dict:
         return flight.snapshot(self._comm.recorder, rank=self._rank, reason=reason)
@@ -306,10 +328,12 @@ def _abort_mpi(code: int) -> None:
         pass
 
 
-def _verdict(code: int, message: str, states: dict, world_size: int, me: int) -> tuple[int, str]:
-    """The claimant's conclusion from the flight records it got: a desync (exit 4) if the ranks called
-    different collectives, else its own failure with the ranks that did not answer or sat in no op."""
-    desync = flight.first_divergence(states)
+def _verdict(code: int, message: str, states: dict, world_size: int, me: int,
+             dead: dict | None = None) -> tuple[int, str]:
+    """The claimant's conclusion from the flight records it got (and `dead`: those read from the files of
+    ranks that did not answer): a desync (exit 4) if the ranks called different collectives, else its own
+    failure with the ranks that did not answer or sat in no op."""
+    desync = flight.first_divergence({**(dead or {}), **states})
     if desync:
         return 4, desync
     silent = [r for r in range(world_size) if r not in states]

@@ -63,6 +63,9 @@ class OpRecorder:
         self.ring: deque = deque(maxlen=RING_LENGTH)
         """(group, seq, name, nbytes, dtype) per op at issue, the last RING_LENGTH: the flight recorder.
         Never cleared: it must reach back across iterations."""
+        self.append_ring = self.ring.append
+        """What a Comm calls with each ring entry: the ring's append, or one that also writes the rank's ring
+        file in the job folder (comm/ring_file.py)."""
         self.comms: list = []
         """Every Comm sharing this log (the world and its subgroups), for the watchdog and the recorder."""
         self.aligning = None

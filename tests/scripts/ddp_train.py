@@ -16,9 +16,12 @@ p.add_argument("--state", help="write the final parameters here (rank 0)")
 p.add_argument("--hook", action="store_true", help="register torch's own all-reduce comm hook")
 p.add_argument("--find-unused", action="store_true", help="find_unused_parameters=True")
 p.add_argument("--misbehave", choices=["barrier", "all_reduce", "raise", "os_exit"],
-               help="rank 1 at step --at: an extra barrier, an extra all_reduce of 4 floats, an exception, or "
+               help="rank --rank at step --at: an extra barrier, an extra all_reduce of 4 floats, an exception, or "
                     "os._exit(7)")
-p.add_argument("--at", type=int, default=0, help="the step rank 1 misbehaves at")
+p.add_argument("--at", type=int, default=0, help="the step --rank misbehaves at")
+p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
+p.add_argument("--no-buffers", action="store_true",
+               help="no BatchNorm: DDP broadcasts nothing a step, so an extra all_reduce meets a bucket's")
 p.add_argument("--mismatch", action="store_true", help="rank 1's hidden layer narrower: DDP refuses the model")
 p.add_argument("--seed-by-rank", action="store_true",
                help="each rank its own initial parameters: DDP's construction broadcasts rank 0's")
@@ -28,8 +31,8 @@ dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(rank if args.seed_by_rank else 0)
 hidden = 48 if args.mismatch and rank == 1 else 64
-model = torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.BatchNorm1d(hidden), torch.nn.ReLU(),
-                            torch.nn.Linear(hidden, 10))
+norm = torch.nn.Identity() if args.no_buffers else torch.nn.BatchNorm1d(hidden)
+model = torch.nn.Sequential(torch.nn.Linear(32, hidden), norm, torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 ddp = DDP(model, bucket_cap_mb=args.bucket_mb, find_unused_parameters=args.find_unused)
 if args.hook:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -41,7 +44,7 @@ for step in range(args.steps):
     x = torch.randn(16 * world, 32, generator=g)
     y = torch.randint(0, 10, (16 * world,), generator=g)
     mine = slice(16 * rank, 16 * (rank + 1))
-    if args.misbehave and rank == 1 and step == args.at:
+    if args.misbehave and rank == args.rank and step == args.at:
         if args.misbehave == "barrier":
             dist.barrier()
         elif args.misbehave == "all_reduce":

@@ -73,7 +73,7 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
             comm = _init_mpi(world, oversubscribed)
             comm.timeout_s = timeout_s
             if world.world_size > 1:
-                comm.control = _mpi_control(world)
+                comm.control = _mpi_control(world, timeout_s)
         else:
             comm = _init_torch(world, backend, timeout_s, device or ("cuda" if backend == "nccl" else "cpu"))
     comm.fault = fault
@@ -159,6 +159,9 @@ def _init_torch(world: World, backend: str, timeout_s: float, device: str) -> Co
             comm = gloo_comm.comm_class(backend).init(backend=backend, rank=world.rank, world_size=world.world_size,
                                                       addr=addr, port=port, timeout_s=timeout_s, device=device,
                                                       clock=clock)
+            if world.world_size > 1:  # a second client of the rendezvous store, for the watchdog thread alone
+                comm.control = ControlPlane.connect(host=addr, port=port, rank=world.rank,
+                                                    world_size=world.world_size, within_s=timeout_s)
     except (RuntimeError, ValueError) as exc:  # DistStoreError and friends: peers never arrived
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         stopped = job.stopped_sibling(os.getpid())
@@ -169,8 +172,6 @@ def _init_torch(world: World, backend: str, timeout_s: float, device: str) -> Co
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
                                f"failed within {timeout_s:g} s (--timeout): {first}") from None
     comm.timeout_s = timeout_s
-    if world.world_size > 1:  # a second client of the rendezvous store, for the watchdog thread alone
-        comm.control = ControlPlane.connect(host=addr, port=port, rank=world.rank, world_size=world.world_size)
     return comm
 
 
@@ -194,18 +195,20 @@ def _held_stderr():
             os.write(2, text)
 
 
-def _mpi_control(world: World) -> ControlPlane:
+def _mpi_control(world: World, timeout_s: float) -> ControlPlane:
     """Rank 0 serves a store; the others learn where over MPI."""
     MPI = import_mpi()
     if world.rank == 0:
         host = world.master_addr or _own_address(world)
-        control = ControlPlane.connect(host=host, port=0, rank=0, world_size=world.world_size, serve=True)
+        control = ControlPlane.connect(host=host, port=0, rank=0, world_size=world.world_size, serve=True,
+                                       within_s=timeout_s)
         where = (host, control.port)
     else:
         control, where = None, None
     host, port = MPI.COMM_WORLD.bcast(where, root=0)
     if control is None:
-        control = ControlPlane.connect(host=host, port=port, rank=world.rank, world_size=world.world_size)
+        control = ControlPlane.connect(host=host, port=port, rank=world.rank, world_size=world.world_size,
+                                       within_s=timeout_s)
     return control
 
 

@@ -63,11 +63,16 @@ class ControlPlane:
         self._store = _Bounded(self)
 
     @classmethod
-    def connect(cls, *, host: str, port: int, rank: int, world_size: int, serve: bool = False) -> "ControlPlane":
-        """A client of the store at host:port; `serve` (rank 0 on MPI) starts the store first."""
+    def connect(cls, *, host: str, port: int, rank: int, world_size: int, serve: bool = False,
+                within_s: float = STORE_TIMEOUT_S) -> "ControlPlane":
+        """A client of the store at host:port; `serve` (rank 0 on MPI) starts the store first. `within_s`: how
+        long connecting may take (the job's --timeout at start-up: a loaded host can hold the store's answer
+        to a new client past STORE_TIMEOUT_S); the calls' own bound is STORE_TIMEOUT_S after."""
         from commprof.comm.store import open_store
 
-        store = open_store(host, port, rank=rank, world_size=world_size, timeout_s=STORE_TIMEOUT_S, serve=serve)
+        store = open_store(host, port, rank=rank, world_size=world_size, timeout_s=max(within_s, STORE_TIMEOUT_S),
+                           serve=serve)
+        store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         return cls(store, rank=rank, world_size=world_size, host=host)
 
     def meeting(self) -> "Meeting | None":

@@ -36,6 +36,7 @@ def control_plane(world) -> ControlPlane | None:
     if not isinstance(store, dist.TCPStore):
         return None
     try:
-        return ControlPlane.connect(host=store.host, port=store.port, rank=world.rank, world_size=world.world_size)
+        return ControlPlane.connect(host=store.host, port=store.port, rank=world.rank, world_size=world.world_size,
+                                    within_s=world.timeout_s or 0.0)
     except Exception:
         return None

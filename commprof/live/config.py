@@ -10,6 +10,7 @@ Exercised by: `pytest tests/unit/test_live.py`.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from commprof.errors import UsageError
@@ -40,6 +41,9 @@ class LiveConfig:
     """Seconds the endpoint stays after the job, for a last scrape (--live-linger)."""
     targets: str | None = None
     """Prometheus' file_sd JSON listing every host's endpoint, written by rank 0 (--metrics-targets); None: none."""
+    about: tuple[tuple[str, str], ...] = ()
+    """What the job runs, as labels of commprof_build_info: (("command", "run"), ("workload", "ddp")) — the
+    strategy, or the script's file name."""
 
 
 def add_live_flags(p: argparse.ArgumentParser) -> None:
@@ -76,8 +80,11 @@ def live_config(args: argparse.Namespace) -> LiveConfig | None:
     address, port = metrics_address(args.metrics_port)
     if args.metrics_targets is not None and address is None:
         raise UsageError("--metrics-targets lists the endpoints: not with --metrics-port off")
+    script = getattr(args, "script", None)
+    about = (("command", "profile"), ("workload", os.path.basename(script))) if script else \
+        (("command", "run"), ("workload", str(getattr(args, "strategy", ""))))
     return LiveConfig(window=args.live_window, address=address, port=port, log=args.live_log,
-                      linger_s=args.live_linger, targets=args.metrics_targets)
+                      linger_s=args.live_linger, targets=args.metrics_targets, about=about)
 
 
 def metrics_address(spec: str) -> tuple[str | None, int]:

@@ -19,10 +19,13 @@ job does not need. Metrics, labels `rank` and `host` on every per-rank series:
   commprof_busy_seconds                        … its median time not blocked on comm, a step
   commprof_waiting_for_peers_seconds           … blocked beyond the least-blocked rank (peers late), a step
   commprof_transfer_seconds                    … blocked as the least-blocked rank was (the transfer), a step
-  commprof_finding_seconds_per_step{kind,subject}   each finding of the last window (subject: rank or op);
-                                               in a job of several hosts, rank 0's endpoint serves the job's
-                                               findings and every host's first local rank its own ranks' series
-  commprof_finding_since_step{kind,subject}    the step since which it has held
+  commprof_finding_seconds_per_step{kind,subject,rank}   each finding of the last window (subject: "rank 1" or
+                                               an op; rank: the rank it names as a number, "" for an op's); in a
+                                               job of several hosts, rank 0's endpoint serves the job's findings
+                                               and every host's first local rank its own ranks' series
+  commprof_finding_since_step{kind,subject,rank}   the step since which it has held
+  commprof_finding_seconds_total{kind,subject,rank}  what it cost the steps of every window it held in, added
+  commprof_build_info{version,command,workload,backend,world_size}   1 (no rank label)
   commprof_window_last_step                    the last step of the last window (no rank label)
   commprof_others_cores{host}                  cores other processes used on rank 0's host in the last window
 
@@ -46,6 +49,7 @@ import sys
 import threading
 import time
 
+from commprof import __version__
 from commprof.live.window import DURATION_BUCKETS_S, split_key
 from commprof.report.live_log import subject
 
@@ -56,10 +60,15 @@ MAX_LOG_BYTES = 64 << 20
 class Metrics:
     """The job's figures so far, served for Prometheus to scrape."""
 
-    def __init__(self, address: str, port: int) -> None:
+    def __init__(self, address: str, port: int, about: dict[str, str] | None = None) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
+        self._about = {"version": __version__, **(about or {})}
+        """commprof_build_info's labels: the version, and what the job runs (command, workload, backend,
+        world_size)."""
         self._lock = threading.Lock()
+        self._costs: dict[tuple, float] = {}
+        """(kind, subject, rank) -> seconds every served window's findings cost its steps, added."""
         self._totals: dict[tuple, list] = {}
         """(rank, host, op key) -> [count, bytes, seconds, histogram]: every window's, added."""
         self._steps: dict[tuple, int] = {}
@@ -77,7 +86,7 @@ class Metrics:
         its findings too."""
         with self._lock:
             if findings:
-                self._job = job
+                self._serve(job)
             for r in job["ranks"]:
                 self._steps[(r["rank"], r["host"])] = self._steps.get((r["rank"], r["host"]), 0) + job["steps"]
                 for key, (count, nbytes, seconds, hist, _) in r["ops"].items():
@@ -89,13 +98,26 @@ class Metrics:
     def found(self, job: dict) -> None:
         """The job's window, combined from its hosts' parts: its findings served here."""
         with self._lock:
-            self._job = job
+            self._serve(job)
+
+    def _serve(self, job: dict) -> None:
+        """Serve `job`'s findings and add what each cost its window's steps (under the lock): a finding that
+        held for one window between two scrapes still shows in the counter's increase."""
+        self._job = job
+        for f in job["findings"]:
+            key = finding_labels(f)
+            self._costs[key] = self._costs.get(key, 0.0) + f["ms_per_step"] / 1e3 * job["steps"]
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         with self._lock:
             totals, steps, last, job = dict(self._totals), dict(self._steps), self._last, self._job
+            costs = dict(self._costs)
+        info = GaugeMetricFamily("commprof_build_info", "commprof's version and what the job runs",
+                                 labels=list(self._about))
+        info.add_metric(list(self._about.values()), 1)
+        yield info
         labels = ["op", "group", "rank", "host"]
         nbytes = CounterMetricFamily("commprof_op_bytes", "Payload bytes of the job's ops", labels=labels)
         count = CounterMetricFamily("commprof_ops", "Ops the job issued", labels=labels)
@@ -133,15 +155,20 @@ class Metrics:
             yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window",
                                     value=last["last_step"])
             return
+        labels = ["kind", "subject", "rank"]
         cost = GaugeMetricFamily("commprof_finding_seconds_per_step", "What each finding of the last window costs "
-                                 "a step", labels=["kind", "subject"])
+                                 "a step", labels=labels)
         since = GaugeMetricFamily("commprof_finding_since_step", "The step since which the finding holds",
-                                  labels=["kind", "subject"])
+                                  labels=labels)
         for f in job["findings"]:
-            values = [f["kind"], subject(f)]
+            values = list(finding_labels(f))
             cost.add_metric(values, f["ms_per_step"] / 1e3)
             since.add_metric(values, f.get("since_step", job["first_step"]))
-        yield from (cost, since)
+        total = CounterMetricFamily("commprof_finding_seconds", "What each finding has cost the steps of the "
+                                    "windows it held in, added", labels=labels)
+        for values, seconds in sorted(costs.items()):
+            total.add_metric(list(values), seconds)
+        yield from (cost, since, total)
         yield GaugeMetricFamily("commprof_window_last_step", "Last step of the last window", value=job["last_step"])
         if job.get("contention"):
             g = GaugeMetricFamily("commprof_others_cores", "Cores other processes used on rank 0's host, last window",
@@ -217,6 +244,12 @@ class LiveLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def finding_labels(f: dict) -> tuple[str, str, str]:
+    """A finding's labels: its kind, what it names, and the rank it names as a number ("" for an op's): the
+    per-rank series join it `on(rank)`."""
+    return f["kind"], subject(f), str(f["rank"]) if "rank" in f else ""
 
 
 def reachable(toward: str) -> str:

@@ -49,7 +49,7 @@ class Live:
 
     def __init__(self, cfg: LiveConfig, *, rank: int, world_size: int, control=None, elapsed_ns=None,
                  show=None, contention=None, link=None, local_rank: int = 0,
-                 local_world_size: int | None = None) -> None:
+                 local_world_size: int | None = None, backend: str = "") -> None:
         self.cfg, self.rank, self.world_size, self.control = cfg, rank, world_size, control
         self.link = link
         """The link the ops cross (--link-rate, a perfmodel Fabric): the windows find `link` too; None: not."""
@@ -92,7 +92,8 @@ class Live:
             self.log = LiveLog(cfg.log)
         if cfg.address is not None:
             try:
-                self.metrics = Metrics(cfg.address, cfg.port)
+                self.metrics = Metrics(cfg.address, cfg.port, about={**dict(cfg.about), "backend": backend,
+                                                                     "world_size": str(world_size)})
             except OSError as exc:  # the job goes on: its log and its line still say what the endpoint would
                 sys.stderr.write(f"commprof: live: cannot listen on {cfg.address}:{cfg.port} "
                                  f"({exc.strerror or exc}): no metrics endpoint\n")
@@ -307,13 +308,13 @@ holds is then what a 1,000-step one does."""
 
 
 def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None,
-           link=None, local_rank: int = 0, local_world_size: int | None = None) -> Live:
+           link=None, local_rank: int = 0, local_world_size: int | None = None, backend: str = "") -> Live:
     """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
     clock = tracker.recorder.clock
     live = Live(cfg, rank=rank, world_size=world_size, control=control,
                 elapsed_ns=clock.elapsed_ns if clock.kind == "cuda" else None,
                 show=progress.say if rank == 0 else None, contention=contention, link=link,
-                local_rank=local_rank, local_world_size=local_world_size)
+                local_rank=local_rank, local_world_size=local_world_size, backend=backend)
     tracker.live = live.add
     tracker.keep = KEEP
     return live

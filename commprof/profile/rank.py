@@ -149,7 +149,7 @@ class Session:
                                        world_size=self.world.world_size, control=world.control,
                                        progress=self.tracker.progress, contention=rank.contention,
                                        link=self.cfg.link, local_rank=self.world.local_rank,
-                                       local_world_size=self.world.local_world_size)
+                                       local_world_size=self.world.local_world_size, backend=backend_of(pg))
             rank.on_failure(lambda code, message: self.live.close(message))
         if self.world.rank == 0:
             self.kept = kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)

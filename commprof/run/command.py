@@ -234,7 +234,7 @@ class _Run(lifecycle.Command):
             live = Live(cfg.live, rank=rank.world.rank, world_size=rank.world.world_size,
                         control=rank.comm.control if rank.comm is not None else None, contention=rank.contention,
                         link=cfg.link, local_rank=rank.world.local_rank,
-                        local_world_size=rank.world.local_world_size)
+                        local_world_size=rank.world.local_world_size, backend=cfg.backend)
             rank.on_failure(lambda code, message: live.close(message))
         result, state = train(cfg, comm, rank.device, on_step=on_step, live=live)
         if kept is not None:  # no snapshot after this: the report replaces the file

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import commprof
 from commprof.errors import UsageError
 from commprof.findings.kinds import PEERS_SHOWN
 from commprof.live import export
@@ -147,7 +148,8 @@ def test_held_says_since_when_a_finding_holds():
 
 
 def test_the_endpoint_serves_what_the_windows_added():
-    metrics = Metrics("127.0.0.1", 0)
+    metrics = Metrics("127.0.0.1", 0, about={"command": "run", "workload": "ddp", "backend": "gloo",
+                                             "world_size": "2"})
     try:
         job = combine(_windows([10.0, 40.0], [31.0, 1.0], jitter=0.2))
         Held().update(job)
@@ -164,9 +166,16 @@ def test_the_endpoint_serves_what_the_windows_added():
     assert got[("commprof_op_duration_seconds_bucket", tuple(sorted(labels + (("le", "0.005"),))))] == 40
     assert got[("commprof_op_duration_seconds_bucket", tuple(sorted(labels + (("le", "0.0025"),))))] == 0
     assert got[("commprof_steps_total", (("host", "h"), ("rank", "0")))] == 40
-    cost = got[("commprof_finding_seconds_per_step", (("kind", "straggler"), ("subject", "rank 1")))]
+    # findings carry the rank they name as a number, for `on(rank)` joins with the per-rank series
+    named = (("kind", "straggler"), ("rank", "1"), ("subject", "rank 1"))
+    cost = got[("commprof_finding_seconds_per_step", named)]
     assert cost == pytest.approx(0.030, abs=0.002)
-    assert got[("commprof_finding_since_step", (("kind", "straggler"), ("subject", "rank 1")))] == 0
+    assert got[("commprof_finding_since_step", named)] == 0
+    # and what they cost, added window by window: a finding held between two scrapes is not lost
+    assert got[("commprof_finding_seconds_total", named)] == pytest.approx(2 * job["steps"] * cost)
+    info = (("backend", "gloo"), ("command", "run"), ("version", commprof.__version__), ("workload", "ddp"),
+            ("world_size", "2"))
+    assert got[("commprof_build_info", info)] == 1
 
 
 def test_the_log_rotates_and_report_reads_both_parts_in_order(tmp_path, monkeypatch, capsys):

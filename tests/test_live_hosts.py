@@ -20,6 +20,7 @@ from spawn import _run, env_for_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FABRIC = str(ROOT / "tools" / "fabric")
+MONITORING = ROOT / "tools" / "monitoring"
 SCRIPT = str(ROOT / "tests" / "scripts" / "straggler_train.py")
 NAME = f"lh{os.getpid()}"
 HOSTS = tuple(f"{NAME}-h{i}" for i in range(4))
@@ -51,10 +52,12 @@ def inside(host: str, *argv: str, timeout: float = 60) -> str:
     return proc.stdout
 
 
-def query(expr: str) -> list:
-    """Prometheus' answer to `expr`, asked inside the first host (its API listens there only)."""
+def query(expr: str, since: float | None = None) -> list:
+    """Prometheus' answer to `expr`, asked inside the first host (its API listens there only): at this moment,
+    or over every second from `since` (a time.time()) to now, as a dashboard asks."""
+    ask = "query?query=" if since is None else f"query_range?start={since:.3f}&end={time.time():.3f}&step=1&query="
     code = ("import json, sys, urllib.parse, urllib.request; print(urllib.request.urlopen("
-            f"'http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query?query=' + urllib.parse.quote(sys.argv[1]), "
+            f"'http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/{ask}' + urllib.parse.quote(sys.argv[1]), "
             "timeout=10).read().decode())")
     return json.loads(inside(HOSTS[0], sys.executable, "-c", code, expr))["data"]["result"]
 
@@ -102,6 +105,7 @@ def test_profile_live_across_hosts_scraped_by_prometheus_through_the_targets_fil
     targets = hosts / "profile.targets.json"
     (hosts / "prometheus.yml").write_text(
         "global: {scrape_interval: 500ms, evaluation_interval: 500ms}\n"
+        f"rule_files: ['{MONITORING / 'commprof-rules.yml'}']\n"
         "scrape_configs:\n  - job_name: commprof\n    scrape_timeout: 400ms\n"
         f"    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n")
     server = subprocess.Popen([FABRIC, "exec", HOSTS[0], "--", shutil.which("prometheus"),
@@ -109,6 +113,7 @@ def test_profile_live_across_hosts_scraped_by_prometheus_through_the_targets_fil
                                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"],
                               env=dict(os.environ, COMMPROF_FABRIC=NAME), stdout=subprocess.DEVNULL,
                               stderr=open(hosts / "prometheus.log", "w"), start_new_session=True)
+    began = time.time()
     try:
         proc = job(hosts, "profile", ["profile", "--trace", str(hosts / "profile-trace"), "--", SCRIPT, "--steps",
                                       str(STEPS), "--delay-ms", str(DELAY_MS), "--slow-rank", str(SLOW),
@@ -131,6 +136,19 @@ def test_profile_live_across_hosts_scraped_by_prometheus_through_the_targets_fil
         assert len(by_host) == 4  # each instance serves one host's ranks
         straggler = query('last_over_time(commprof_finding_seconds_per_step{kind="straggler"}[5m])')
         assert any(s["metric"]["subject"] == f"rank {SLOW}" for s in straggler), straggler
+        # the finding joins the per-rank series on its numeric rank: the slowed rank's host, from its endpoint
+        joined = query('last_over_time(commprof_finding_seconds_per_step{kind="straggler"}[5m]) * on(rank) '
+                       'group_left(host) last_over_time(commprof_step_seconds[5m])')
+        assert {(s["metric"]["rank"], s["metric"]["host"]) for s in joined} >= {(str(SLOW), HOSTS[-1])}, joined
+        info = [s["metric"] for s in query("last_over_time(commprof_build_info[5m])")]
+        assert {(i["command"], i["workload"], i["backend"], i["world_size"]) for i in info} == {
+            ("profile", Path(SCRIPT).name, "gloo", "8")}, info
+        # the shipped dashboard's every query, and the shipped rules' records, hold data for the job's span
+        dashboard = json.loads((MONITORING / "commprof-dashboard.json").read_text())
+        asked = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        asked += ["commprof:step_seconds:max", "commprof:exposed_comm_share:ratio", "commprof:op_bytes:rate1m"]
+        empty = [expr for expr in asked if not query(expr, since=began)]
+        assert len(asked) >= 12 and not empty, empty
     finally:
         os.killpg(server.pid, 9)
         server.wait()

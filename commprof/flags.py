@@ -43,7 +43,9 @@ def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout:
     p.add_argument("--json", metavar="PATH", help=json)
     p.add_argument("--trace", metavar="DIR", help="Chrome/Perfetto trace: DIR/rank<r>.trace.json + DIR/trace.json")
     p.add_argument("--debug-dump", metavar="DIR",
-                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json (default: beside --json)")
+                   help="on a failure, each rank's last ops as DIR/rank<r>.flight.json, and as fr_trace_rank_<r> "
+                        "for `python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_` "
+                        "(default: beside --json)")
     p.add_argument("--huge-pages", action="store_true",
                    help="torch's large CPU buffers on transparent huge pages (THP_MEM_ALLOC_ENABLE=1), as a tuned "
                         "job sets it (default: the allocator as the environment has it; the JSON's env.allocator "

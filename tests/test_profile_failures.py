@@ -18,6 +18,8 @@ from spawn import _run, commprof, env_for_tests, kill_session
 SCRIPTS = Path(__file__).with_name("scripts")
 DDP = str(SCRIPTS / "ddp_train.py")
 TIMEOUT = "5"
+FLIGHT_RECORDS = ["fr_trace_rank_0", "fr_trace_rank_1", "rank0.flight.json", "rank1.flight.json"]
+"""What --debug-dump holds after a 2-rank failure: commprof's record of each rank, and torch's form of it."""
 
 
 def one_line(proc) -> str:
@@ -66,7 +68,7 @@ def test_an_extra_call_inside_a_ddp_loop_is_a_desync_not_the_survivors_error(tmp
     line = one_line(proc)
     assert line.startswith("desync at ") and line.endswith(called), line
     no_commprof_frames(proc)
-    assert sorted(p.name for p in dump.iterdir()) == ["rank0.flight.json", "rank1.flight.json"]
+    assert sorted(p.name for p in dump.iterdir()) == FLIGHT_RECORDS
 
 
 @pytest.mark.parametrize("who", [0, 1])
@@ -85,7 +87,7 @@ def test_an_extra_all_reduce_that_gloo_aborts_on_is_still_the_desync(tmp_path, w
     calls = {r: re.search(rf"rank {r} called all_reduce ([^,]+)", line) for r in (0, 1)}
     assert line.startswith("desync at all_reduce seq ") and all(calls.values()), line
     assert calls[who].group(1) == "16 B float32" and calls[1 - who].group(1) != "16 B float32", line
-    assert sorted(p.name for p in dump.iterdir()) == ["rank0.flight.json", "rank1.flight.json"]
+    assert sorted(p.name for p in dump.iterdir()) == FLIGHT_RECORDS
 
 
 def test_a_crash_keeps_what_rank_0_measured(tmp_path):
@@ -231,3 +233,27 @@ def test_what_a_failed_jobs_script_forked_goes_with_it(tmp_path):
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive
+
+
+def test_torchs_fr_trace_names_the_desync_in_the_dump_folder(tmp_path):
+    # the records of --debug-dump in torch's flight-recorder format too: torch's own analyser reads both ranks'
+    # (the one gloo aborted written by its peer, from its ring file) and finds rank 1's extra all_reduce
+    dump = tmp_path / "dump"
+    proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--debug-dump", str(dump), "--", DDP,
+                    "--steps", "6", "--no-buffers", "--misbehave", "all_reduce", "--at", "3", "--rank", "1")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert sorted(p.name for p in dump.iterdir()) == FLIGHT_RECORDS
+    seq = int(re.search(r"desync at all_reduce seq (\d+) \(world\)", proc.stderr).group(1))
+    ring = json.loads((dump / "rank0.flight.json").read_text())["ring"]
+    bucket = next(nbytes for label, s, name, nbytes, _ in ring if (label, s, name) == ("world", seq, "all_reduce"))
+    fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dump),
+                         "-p", "fr_trace_rank_"], capture_output=True, text=True, timeout=120)
+    said = fr.stdout + fr.stderr
+    assert fr.returncode == 0, said
+    assert f"Collective sequence number: {seq} has errors" in said and "collective: gloo:all_reduce" in said, said
+    # fr_trace names the rank it did not start from as the culprit, and the sizes each rank called with
+    found = re.search(r"Culprit rank (\d); Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes: "
+                      r"'\[\[(\d+)\]\]' does not match found input sizes: '\[\[(\d+)\]\]'", said)
+    assert found, said
+    culprit, sizes = int(found.group(1)), {0: bucket // 4, 1: 4}
+    assert (int(found.group(2)), int(found.group(3))) == (sizes[1 - culprit], sizes[culprit]), said

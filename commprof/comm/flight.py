@@ -10,7 +10,9 @@ blocked in another op, never will — as one line:
 
     desync at all_reduce seq 17 (world): rank 0 called all_reduce 4 KiB float32, rank 1 called all_gather 8 KiB float32
 
-`dump` writes a rank's snapshot as JSON (`--debug-dump DIR`, or beside the --json file on a failure).
+`dump` writes a rank's snapshot as JSON (`--debug-dump DIR`, or beside the --json file on a failure), and as
+torch's flight-recorder dump for `python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_`
+(comm/fr_dump.py).
 Exercised by: `pytest tests/unit/test_failure_diagnosis.py tests/test_failures.py`.
 """
 
@@ -20,6 +22,7 @@ import json
 from bisect import bisect_right
 from pathlib import Path
 
+from commprof.comm import fr_dump
 from commprof.comm.dtypes import dtype_name
 from commprof.measurement import P2P, runs
 from commprof.report.units import format_bytes
@@ -117,9 +120,14 @@ def _within(rank: int, spans: tuple) -> bool:
 
 
 def dump(folder: str | Path, snap: dict) -> Path:
-    """Write one rank's snapshot to FOLDER/rank<r>.flight.json (report/files.py's OutputError if it cannot)."""
+    """Write one rank's snapshot to FOLDER/rank<r>.flight.json (report/files.py's OutputError if it cannot), and
+    beside it the same record in torch's flight-recorder format, for torch's fr_trace (comm/fr_dump.py)."""
     from commprof.report.files import write_atomic
 
     path = Path(folder) / f"rank{snap['rank']}.flight.json"
     write_atomic(path, json.dumps(snap, indent=1) + "\n", sync=False)  # a rank killed meanwhile leaves none, not 0 B
+    try:
+        fr_dump.write(folder, snap)
+    except Exception:  # any failure, a full disk or a bug: the JSON is written, and the job's verdict comes next
+        pass
     return path

@@ -8,6 +8,7 @@ side by side, each change against the runs' noise (report/findings_compare.py). 
     commprof report grid.json --plot plots/
     commprof report gloo.json mpi.json
     commprof report grid.json --markdown > table.md
+    commprof report a/run.json b/run.json c/run.json --csv runs.csv   (labels a, b, c; or --label each)
     commprof report live.jsonl --plot plots/            (a live job's log: report/live_log.py)
 
 Exercised by: `pytest tests/unit/test_report_recorded.py tests/test_bad_input.py`.
@@ -36,7 +37,34 @@ def add_parser(subparsers, summary: str) -> None:
                    help="run and grid results: the comparison table as GitHub Markdown on stdout")
     p.add_argument("--link-rate", metavar="RATE",
                    help="the link's rate, drawn on the bench bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
+    p.add_argument("--label", action="append", metavar="LABEL",
+                   help="a name for each FILE, in order (once a file); default: the file names, or the shortest "
+                        "end of their paths that tells them apart (a/run.json b/run.json: a, b)")
+    p.add_argument("--csv", metavar="PATH", help="the comparison table (or one bench file's results) as CSV")
     p.set_defaults(func=main)
+
+
+def labels_of(paths: list[str], given: list[str] | None) -> list[str]:
+    """Each file's name in the tables: --label's, or the shortest end of the paths that differs (the folders
+    alone when every file has one name: one folder per experiment); UsageError for labels that do not fit."""
+    if given:
+        if len(given) != len(paths):
+            raise UsageError(f"--label given {len(given)} time(s) for {len(paths)} file(s): give one a file")
+        twice = sorted({g for g in given if given.count(g) > 1})
+        if twice or not all(g.strip() for g in given):
+            raise UsageError(f"--label {twice[0]!r} names two files: labels must differ" if twice
+                             else "--label '': a label needs a character")
+        return list(given)
+    parts = [Path(p).resolve().with_suffix("").parts for p in paths]
+    for k in range(1, max(map(len, parts)) + 1):
+        labels = ["/".join(q[-k:]) for q in parts]
+        if len(set(labels)) == len(labels):
+            break
+    else:  # one file given twice
+        raise UsageError("report was given one file twice: " + ", ".join(paths))
+    if k > 1 and len({q[-1] for q in parts}) == 1:  # one name in every folder: the folders tell them apart
+        labels = [label.rpartition("/")[0] for label in labels]
+    return labels
 
 
 def load(path: str) -> tuple[str, dict]:
@@ -70,8 +98,9 @@ def main(args: argparse.Namespace) -> int:
     if any(live_log.looks_live(path) for path in args.files):
         if len(args.files) > 1:
             raise UsageError("report reads one live log at a time: " + ", ".join(args.files))
-        if args.markdown or link is not None:
-            raise UsageError("--markdown and --link-rate are for bench and run results, not a live log")
+        if args.markdown or link is not None or args.label or args.csv:
+            raise UsageError("--markdown, --link-rate, --label and --csv are for bench and run results, not a "
+                             "live log")
         from commprof.report.fit import results_console
 
         log = live_log.read(args.files[0], NOT_OURS)
@@ -79,13 +108,22 @@ def main(args: argparse.Namespace) -> int:
             for path in live_log.render(log, results_console(width=160), plot_dir=args.plot):
                 said("plot", path)
         return 0
-    loaded = [(path, *load(path)) for path in args.files]
+    labels = labels_of(args.files, args.label)
+    if args.csv:
+        from commprof.report.files import check_outputs
+
+        check_outputs({"--csv": args.csv})
+        read = {Path(p).resolve() for p in args.files}
+        if Path(args.csv).resolve() in read:
+            raise UsageError(f"--csv {args.csv} is one of the files read: give it a path of its own")
+    loaded = [(label, *load(path)) for label, path in zip(labels, args.files)]
     # a field missing or of another type, found while the tables and plots read it: one line, exit 2
     with wrong_shape(args.files[0] if len(args.files) == 1 else "one of " + ", ".join(args.files), NOT_OURS):
         return _render(args, loaded, link)
 
 
 def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link: float | None) -> int:
+    """The tables, plots and --csv of `loaded`: (label, kind, document) a file."""
     from rich.console import Console
 
     from commprof.report import compare
@@ -119,8 +157,19 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             rows = summarize(docs[0]["results"])
             if rows:
                 out.print(summary_table(rows))
+            if args.csv:
+                from commprof.report.files import write_csv
+
+                write_csv(args.csv, docs[0]["results"])
         else:
-            out.print(compare.side_by_side([p for p, _, _ in loaded], docs)[1])
+            names = [p for p, _, _ in loaded]
+            rows, table = compare.side_by_side(names, docs)
+            out.print(table)
+            if args.csv:
+                from commprof.report.files import write_atomic
+
+                write_atomic(args.csv, compare.side_by_side_csv(names, rows))
+                said("csv", args.csv)
         if args.plot:
             from commprof.report import plots
 
@@ -133,7 +182,7 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             runs += doc["runs"]
             grid.update(doc["grid"])
         else:
-            runs.append({"label": Path(path).stem, "config": {}, "error": None, "result": doc})
+            runs.append({"label": path, "config": {}, "error": None, "result": doc})
     if not args.markdown:
         from commprof.report.findings_block import findings_text
 
@@ -149,6 +198,9 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
     if args.markdown:
         print(compare.run_markdown(compare.run_rows(runs)), end="")
         out = Console(quiet=True)  # the plots only
-    for path in compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out):
+    for path in compare.render({"command": "run", "grid": grid, "runs": runs}, plot_dir=args.plot, console=out,
+                               csv_path=args.csv):
         said("plot", path)
+    if args.csv:
+        said("csv", args.csv)
     return 0

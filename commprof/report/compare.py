@@ -233,6 +233,22 @@ def side_by_side(names: list[str], docs: list[dict]) -> tuple[list[dict], Table]
     return rows, table
 
 
+def side_by_side_csv(names: list[str], rows: list[dict]) -> str:
+    """side_by_side's rows as CSV: a row's keys, then each file's time and its ratio to the first's."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["collective", "algo", "nbytes", "inplace", "dtype", "redop", "ranks",
+                     *(f"time_us[{n}]" for n in names), *(f"over_first[{n}]" for n in names[1:])])
+    for r in rows:
+        writer.writerow([r["collective"], r["algo"], r["nbytes"], r["inplace"], r["dtype"], r["redop"], r["ranks"],
+                         *("" if t is None else t for t in r["time_us"]),
+                         *("" if q is None else q for q in r["ratio"][1:])])
+    return buf.getvalue()
+
+
 def render(doc: dict, *, json_path: str | None = None, csv_path: str | None = None,
            plot_dir: str | None = None, link_GBps: float | None = None, console: Console | None = None) -> dict:
     """A grid document's tables on stdout, and its files; returns the plots' data ({} without --plot)."""

@@ -2,6 +2,7 @@
 same tables the jobs printed, bench files side by side with ratios, plots with and without the link line, and
 files that are not whole commprof results refused in one line."""
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -153,3 +154,49 @@ def test_a_many_rank_time_table_shows_rank_0_and_the_outliers_with_quantiles_ove
     p99 = next(line for line in lines if line.startswith("│     p99"))
     assert f"{sorted(r['wall_ms'] for r in rows)[1980 - 1]:.2f}" in p99  # nearest rank: the 1,980th of 2,000
     assert "of 2,000 ranks" in " ".join(console.file.getvalue().split())
+
+
+def first_words(out: str, among) -> list[str]:
+    """The labels heading the table's rows, in order (a row's first cell may go on: "a (contended …)")."""
+    words = [(line.split("│")[1].split() or [""])[0] for line in _table_lines(out)]
+    return [w for w in words if w in among]
+
+
+def test_one_folder_per_experiment_is_labelled_by_its_folder_and_written_as_csv(capsys, tmp_path):
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        shutil.copy(RUN, tmp_path / name / "run.json")
+    files = [tmp_path / name / "run.json" for name in "abc"]
+    code, out, err = report(capsys, *files, "--csv", tmp_path / "runs.csv")
+    assert code == 0, err
+    assert first_words(out, "abc") == ["a", "b", "c"]
+    rows = list(csv.DictReader((tmp_path / "runs.csv").open()))
+    wall = json.loads(RUN.read_text())["summary"]["wall_ms"]
+    assert [r["label"] for r in rows] == ["a", "b", "c"] and all(float(r["wall_ms"]) == wall for r in rows)
+    assert err.splitlines()[-1] == f"csv: {tmp_path / 'runs.csv'}"
+    code, out, err = report(capsys, *files, "--label", "fp32", "--label", "bf16", "--label", "fp8")
+    assert code == 0 and first_words(out, ("fp32", "bf16", "fp8")) == ["fp32", "bf16", "fp8"], err
+    # two bench files of one name: their folders head the columns, and the CSV holds both times
+    code, out, err = report(capsys, BENCH, AGAIN, "--csv", tmp_path / "bench.csv")
+    assert code == 0 and "bench-2-again ÷ first" in out, out
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    for label, path in (("bench-2", BENCH), ("bench-2-again", AGAIN)):
+        results = json.loads(path.read_text())["results"]
+        assert len(rows) == len(results)
+        times = {(r["collective"], r["algo"], str(r["nbytes"]), str(r["inplace"])): r["time_us"] for r in results}
+        assert all(float(row[f"time_us[{label}]"]) == times[row["collective"], row["algo"], row["nbytes"],
+                                                             row["inplace"]] for row in rows)
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--label", "x"), "--label given 1 time(s) for 3 file(s): give one a file"),
+    (("--label", "x", "--label", "y", "--label", "x"), "--label 'x' names two files: labels must differ"),
+    (("--csv", "{a}"), "is one of the files read: give it a path of its own"),
+])
+def test_labels_and_csv_that_do_not_fit_are_one_line_exit_2(capsys, tmp_path, extra, words):
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        shutil.copy(RUN, tmp_path / name / "run.json")
+    files = [tmp_path / name / "run.json" for name in "abc"]
+    code, out, err = report(capsys, *files, *(e.format(a=files[0]) for e in extra))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err

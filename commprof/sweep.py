@@ -173,6 +173,9 @@ def plan(command: str, argv: list[str]) -> Plan:
                          "run it without torchrun, mpiexec or srun")
     argv = long_forms(command, argv)
     grid = grid_flags(command, argv)
+    if "--format=nccl-tests" in argv or any(a == "--format" and b == "nccl-tests" for a, b in zip(argv, argv[1:])):
+        raise UsageError("--format nccl-tests prints one job's text: a grid (" + ", ".join(grid) + ") prints its "
+                         "comparison table; run each configuration alone")
     base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
     from commprof.report.files import check_outputs
 

@@ -133,6 +133,7 @@ BENCH = (
     Flag(("--json", "-J", "--output_file"), PATHS),
     Flag(("--trace",), PATHS),
     Flag(("--csv", "-F"), PATHS),
+    Flag(("--format",), names(["table", "nccl-tests"], ("nccl", "NCCL-TESTS", "rich", ""))),
     # nccl-tests' flags that mean nothing here: refused with one line whatever their value
     *(Flag(options, names(["1", "2"], ("0", ""))) for options in (
         ("-t", "--nthreads"), ("-g", "--ngpus"), ("-p", "--parallel_init"), ("-G", "--cudagraph"),

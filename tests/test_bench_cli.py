@@ -5,6 +5,7 @@ import json
 
 import pytest
 from spawn import commprof, env_for_tests
+from support.nccl_log import parse
 
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import free_port
@@ -88,6 +89,12 @@ def test_all_ops_and_dtypes_skip_what_the_backend_lacks(tmp_path):
     (["--backend", "mpi", "--device", "cuda"], "--device cuda needs --backend gloo or nccl"),
     (["--device", "gpu"], "invalid choice: 'gpu'"),
     (["--nproc", "2", "--root", "5"], "--root 5 is outside 0..1"),
+    (["--format", "nccl-tests", "--algo", "library,ring"], "--format nccl-tests prints the library's collectives"),
+    (["--format", "nccl-tests", "--group-sizes", "1"], "nccl-tests prints one communicator of every rank, as "
+                                                       "nccl-tests runs: drop --group-sizes"),
+    (["--format", "nccl-tests", "barrier"], "nccl-tests has no barrier test"),
+    (["--format", "nccl"], "argument --format: invalid choice: 'nccl'"),
+    (["--format", "nccl-tests", "--nproc", "1,2"], "--format nccl-tests prints one job's text: a grid (--nproc)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     proc = commprof("bench", "-e", "64", *args)
@@ -114,3 +121,24 @@ def test_mpi_thread_level_follows_mpi4pys_variable(tmp_path):
                     "-w", "0", "--json", str(out), env=env_for_tests(MPI4PY_RC_THREAD_LEVEL="multiple"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["env"]["mpi_thread_level"] == "multiple"
+
+
+def test_format_nccl_tests_is_what_nccl_tests_parsers_read():
+    proc = commprof("bench", "all_reduce", "--backend", "gloo", "--nproc", "2", "-b", "8", "-e", "64K", "-f", "8",
+                    "-n", "5", "-w", "1", "--format", "nccl-tests")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not any("\u2500" <= ch <= "\u257f" for ch in proc.stdout), proc.stdout  # no Rich box drawing
+    [run] = parse(proc.stdout)
+    assert [row.size for row in run.rows] == [8, 64, 512, 4096, 32768]
+    assert all((row.count, row.type, row.redop, row.root) == (row.size // 4, "float", "sum", -1) for row in run.rows)
+    # gloo has no out-of-place all_reduce: blank columns, read as such, and said on stderr
+    assert all(row.out_of_place is None and row.in_place.wrong == 0 and row.in_place.time_us > 0 for row in run.rows)
+    assert "all_reduce: the out-of-place columns are blank: torch.distributed has no out-of-place all_reduce" \
+        in proc.stderr
+    assert (run.out_of_bounds, run.ok) == (0, True) and run.avg_busbw >= 0
+    lines = proc.stdout.splitlines()
+    assert lines[0] == ("# nThread 1 nGpus 1 minBytes 8 maxBytes 65536 step: 8(factor) warmup iters: 1 iters: 5 "
+                        "agg iters: 1 validation: 1 graph: 0")
+    ranks = [ln for ln in lines if ln.startswith("#  Rank ")]
+    assert [ln.split()[2] for ln in ranks] == ["0", "1"] and all(" device -1 [cpu] " in ln for ln in ranks)
+    assert lines[-2:] == ["#", ""]

@@ -8,14 +8,18 @@ rank starts, then either the launcher (--nproc / the default of one rank per cor
     torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2 --concurrent   # 4 pairs at once
     commprof bench all_reduce --algo library,ring,rabenseifner -e 64M   # hand-written vs the library's
     commprof bench all_reduce -b 8 -e 128M -f 2 -a 1 -c 1 -m 2 -z 0 -F out.csv   # nccl-tests' spellings too
+    commprof bench all_reduce -b 8 -e 128M -f 2 --format nccl-tests   # nccl-tests' own output, for its parsers
 
-nccl-tests' numeric and refused forms: commprof/bench/nccl_flags.py. Exercised by: `pytest
-tests/test_bench_cli.py tests/test_nccl_tests_flags.py` and `pytest tests/unit/test_cli_grammar.py`.
+nccl-tests' numeric and refused forms: commprof/bench/nccl_flags.py; its output layout (--format nccl-tests):
+commprof/report/nccl_text.py. Exercised by: `pytest tests/test_bench_cli.py tests/test_nccl_tests_flags.py` and
+`pytest tests/unit/test_cli_grammar.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import socket
 import sys
 
@@ -25,12 +29,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from commprof import backends, flags, kernels, lifecycle
 from commprof.backends import DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops, require_cuda, unsupported
 from commprof.bench import nccl_flags
-from commprof.bench.config import MODES, BenchConfig
+from commprof.bench.config import FORMATS, MODES, BenchConfig
 from commprof.errors import UsageError
 from commprof.lifecycle import Rank
 from commprof.measurement import COLLECTIVES
 from commprof.record.contention import note as contention_note
-from commprof.report import files
+from commprof.report import files, nccl_text
 from commprof.report.bench_summary import summarize, summary_table
 from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
 from commprof.report.files import Outputs
@@ -69,6 +73,9 @@ def add_parser(subparsers, summary: str) -> None:
     flags.add_job_flags(p, nproc="one per core, or per GPU", json="write env + results as JSON")
     flags.add_device_flag(p)
     p.add_argument("--csv", "-F", metavar="PATH", help="write results as CSV, a row per result")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="stdout: table (Rich tables and a summary, default) or nccl-tests (nccl-tests' own text, "
+                        "a block per collective, for parsers of its logs; barrier, which it lacks, is left out)")
     nccl_flags.add_flags(p)
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
     p.add_argument("--link-rate", metavar="RATE",
@@ -126,6 +133,8 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     root, all_roots = nccl_flags.root(args.root)
     algos = parse_algos(args.algo)
     names = _collectives(args, algos)
+    if args.format == nccl_text.FORMAT:
+        names = _nccl_tests_collectives(args, algos, names)
     backend = args.backend or default_backend()
     if backend == "nccl":
         require_cuda()
@@ -143,6 +152,9 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         raise UsageError(f"--groups {args.groups!r}: give intra, inter or intra,inter")
     if levels and group_sizes:
         raise UsageError("--groups and --group-sizes each lay out the ranks: give one of them")
+    if args.format == nccl_text.FORMAT and (group_sizes or levels):
+        flag = "--group-sizes" if group_sizes else "--groups"
+        raise UsageError(f"--format nccl-tests prints one communicator of every rank, as nccl-tests runs: drop {flag}")
     cfg = BenchConfig(
         collectives=tuple(dict.fromkeys(names)), backend=backend, device=device, algos=algos,
         dtypes=tuple(parse_dtypes(args.datatype)),
@@ -154,11 +166,22 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         timeout_s=args.timeout, huge_pages=args.huge_pages, bind_cores=args.bind_cores,
         nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
         levels=levels,
-        out=Outputs.from_args(args))
+        out=Outputs.from_args(args), format=args.format)
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
         _require_supported(cfg)
     return cfg
+
+
+def _nccl_tests_collectives(args: argparse.Namespace, algos: tuple[str, ...], names: list[str]) -> list[str]:
+    """--format nccl-tests: the library's collectives only, as nccl-tests measures NCCL's own, and no barrier,
+    which nccl-tests has no test of (left out of the default sweep, an error when named)."""
+    if any(a != kernels.LIBRARY for a in algos):
+        raise UsageError(f"--format nccl-tests prints the library's collectives, as nccl-tests measures NCCL's: "
+                         f"drop --algo {args.algo}")
+    if "barrier" in args.collectives:
+        raise UsageError("--format nccl-tests: nccl-tests has no barrier test: drop barrier, or use --format table")
+    return [n for n in names if n != "barrier"]
 
 
 def _require_supported(cfg: BenchConfig) -> None:
@@ -221,8 +244,11 @@ class _Bench(lifecycle.Command):
             hosts = world.broadcast_object(world.gather_object(socket.gethostname(), dst=0), src=0)
         shapes = layouts(cfg, world.world_size, hosts)
         plans = [plan(cfg, layout.size) for layout in shapes]
+        ranks = None
+        if cfg.format == nccl_text.FORMAT:  # every rank's line of nccl-tests' `# Using devices` block
+            ranks = world.gather_object(rank_line(world.rank, rank.device), dst=0)
         ANNOTATOR.push(ANNOTATOR.label(MEASURED, "iteration"))
-        sink = SweepReport(cfg, rank.env, plans, shapes, rank.contention) if rank.world.rank == 0 else None
+        sink = SweepReport(cfg, rank.env, plans, shapes, rank.contention, ranks) if rank.world.rank == 0 else None
         if sink is not None:
             rank.on_failure(sink.abandon)
         for layout, the_plan in zip(shapes, plans):
@@ -247,24 +273,56 @@ class _Bench(lifecycle.Command):
 COMMAND = _Bench()
 
 
+def rank_line(rank: int, device) -> nccl_text.RankLine:
+    """This rank's line of nccl-tests' `# Using devices` block: its GPU's index, bus and name, or, for a rank
+    whose tensors live in host memory, device -1 (CUDA's id for the CPU) and the CPU's model."""
+    host, pid = socket.gethostname(), os.getpid()
+    if device.type == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return nccl_text.RankLine(rank, pid, host, index, getattr(props, "pci_bus_id", None), props.name)
+    return nccl_text.RankLine(rank, pid, host, -1, None, _cpu_model())
+
+
+def _cpu_model() -> str:
+    """The CPU's model as the kernel names it (`AMD EPYC 7B13`), else the machine's architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return f"cpu {platform.processor() or platform.machine()}"
+
+
 def main(args: argparse.Namespace) -> int:
     return lifecycle.main(COMMAND, args)
 
 
 class SweepReport:
     """Rank 0's end of the sweep: progress bar, a table per collective and layout of the ranks, files
-    rewritten as rows arrive, and a scaling table per collective when groups of several sizes ran."""
+    rewritten as rows arrive, and a scaling table per collective when groups of several sizes ran. Under
+    --format nccl-tests, stdout holds nccl-tests' text alone, a block per collective (every root of -r all in
+    one, as nccl-tests prints them), and the notes go to stderr."""
 
-    def __init__(self, cfg: BenchConfig, env: dict, plans: list, shapes: list, contention=None) -> None:
+    def __init__(self, cfg: BenchConfig, env: dict, plans: list, shapes: list, contention=None,
+                 ranks: list | None = None) -> None:
         self.cfg, self.env, self.shapes = cfg, env, shapes
         self.contention = contention
+        self.text = cfg.format == nccl_text.FORMAT
+        self.ranks = ranks or []
         self.notes = list(dict.fromkeys(n for p in plans for n in p.notes))
         self.console = results_console()
         self.results: list[dict] = []
         self.current: list[dict] = []
         self.wrong = 0
         self.shown: set[str] = set()
-        self.console.print(header(env))
+        if not self.text:
+            self.console.print(header(env))
         err = Console(stderr=True)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=err, transient=True,
@@ -279,9 +337,11 @@ class SweepReport:
         self.layout, self.plan = layout, the_plan
 
     def add(self, point, records: list[dict]) -> None:
-        if self.current and (self.current[0]["collective"], self.current[0]["algo"], self.current[0]["root"]) != (
-                point.collective.name, point.algo, point.root):  # -r all: a table per root
-            self._flush()
+        if self.current:
+            first = self.current[0]
+            run = (first["collective"], first["algo"], None if self.text else first["root"])
+            if run != (point.collective.name, point.algo, None if self.text else point.root):
+                self._flush()  # -r all: a table per root; nccl-tests prints every root in one run
         self.current.extend(records)
         self.results.extend(records)
         self.wrong += sum(r["wrong"] or 0 for r in records)
@@ -297,11 +357,30 @@ class SweepReport:
         notes += _layout_notes(self.layout)
         self.shown.update(notes)
         self.progress.stop()
+        if self.text:
+            self._flush_text(name, notes)
+            return
         self.console.print(bench_table(name, self.current, notes))
         if name != "barrier":
             root = self.current[0]["root"]
             root = f" root {root}" if self.cfg.all_roots and root is not None else ""
             self.console.print(f"# {label}{root} avg bus bandwidth: {avg_busbw(self.current):.3f} GB/s\n")
+        self.progress.start()
+        self.current = []
+
+    def _flush_text(self, name: str, notes: list[str]) -> None:
+        """nccl-tests' block of the collective on stdout; what its table's caption would say, on stderr."""
+        modes = {r["inplace"] for r in self.current}
+        if len(modes) == 1:  # e.g. `torch.distributed has no out-of-place all_reduce`
+            first = self.current[0]
+            why = unsupported(self.cfg.backend, name, first["dtype"], first["redop"], not first["inplace"])
+            lack = "in-place" if first["inplace"] is False else "out-of-place"
+            notes = [*notes, f"{name}: the {lack} columns are blank: {why or 'not measured'}"]
+        for note in notes:
+            sys.stderr.write(f"note: {note}\n")
+        sys.stderr.flush()
+        sys.stdout.write(nccl_text.block(self.current, self.cfg, self.ranks))
+        sys.stdout.flush()
         self.progress.start()
         self.current = []
 
@@ -318,6 +397,14 @@ class SweepReport:
         self.progress.stop()
         self._measured()
         self._write(complete=True)
+        if self.text:  # nccl-tests' blocks alone on stdout: what else would be said goes to stderr
+            for note in self.notes:
+                if note not in self.shown:
+                    sys.stderr.write(f"note: {note}\n")
+            said = contention_note(self.env.get("contention"))
+            if said:
+                sys.stderr.write(f"{said}\n")
+            return
         if len(self.shapes) > 1:
             from commprof.report.compare import scaling_tables
 

@@ -14,6 +14,10 @@ from commprof.report.files import Outputs
 MODES = (False, True)
 """Out-of-place, in-place: the order of nccl-tests' columns."""
 
+FORMATS = ("table", "nccl-tests")
+"""What --format prints on stdout: Rich tables and the summary (commprof/report/bench_table.py), or nccl-tests'
+own text layout (commprof/report/nccl_text.py)."""
+
 MAX_SIZES = 10_000
 """Most sizes one sweep may have: every rank plans a row per size, collective, dtype and op before
 measuring, and `-i 1 -e 1T` would otherwise fill the memory before anything runs."""
@@ -83,6 +87,9 @@ class BenchConfig:
     within each host, all hosts at once; "inter" across hosts, one group per local rank, all at once."""
     out: Outputs = Outputs()
     """Files the job writes and the command line it was started with."""
+    format: str = "table"
+    """What rank 0 prints on stdout (--format): `table`, a Rich table per collective and the summary;
+    `nccl-tests`, nccl-tests' own text layout, a block per collective, for the parsers kept for its logs."""
 
     def sizes(self) -> list[int]:
         """The requested byte sizes, before per-collective rounding."""

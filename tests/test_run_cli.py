@@ -55,8 +55,7 @@ def test_ddp_json_has_every_figure_per_rank_per_iteration(tmp_path):
     windows = [x for x in lines if "end" not in x]
     assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 2), (3, 4)] and lines[-1]["end"] == "complete"
     for r in (0, 1):
-        sent = sum(agg[1] for w in windows for key, agg in w["ranks"][r]["ops"].items()
-                   if key.startswith("all_reduce|"))
+        sent = sum(op["bytes"] for w in windows for op in w["ranks"][r]["ops"] if op["op"] == "all_reduce")
         assert sent == v["payload_bytes_per_step"] * 4
 
 

@@ -32,7 +32,8 @@ job does not need. Metrics, labels `rank` and `host` on every per-rank series:
 The scrape targets of a job of several hosts (--metrics-targets FILE): Prometheus' file_sd JSON, one target a
 host, labelled with it (`write_targets`).
 
-The log: one JSON object per line, each a combined window as written whole with one write; a last line
+The log: one JSON object per line, each a combined window with its fields named (report/live_line.py: ops
+as records, maps keyed by rank as lists, for pandas), written whole with one write; a last line
 {"end": reason} when the job ends. Once it passes MAX_LOG_BYTES it moves to FILE.1 (replacing the one
 before) and FILE begins anew: a job of any length keeps at most twice that. `commprof report FILE` reads
 both back. Exercised by: `pytest tests/unit/test_live.py tests/test_live_jobs.py`.
@@ -51,6 +52,7 @@ import time
 
 from commprof import __version__
 from commprof.live.window import DURATION_BUCKETS_S, split_key
+from commprof.report.live_line import to_line
 from commprof.report.live_log import subject
 
 MAX_LOG_BYTES = 64 << 20
@@ -206,7 +208,7 @@ class LiveLog:
     def write(self, doc: dict) -> None:
         if self._fd is None:
             return
-        line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        line = (json.dumps(doc if "end" in doc else to_line(doc), separators=(",", ":")) + "\n").encode()
         size = None
         try:
             st = os.fstat(self._fd)

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 from commprof.errors import UsageError
+from commprof.report.live_line import from_line
 
 MAX_ROWS = 30
 """Windows a table shows: a longer log shows this many, evenly spaced, the first and the last among them."""
@@ -58,6 +59,7 @@ def read(path: str, not_ours: str) -> dict:
                     if "end" in doc:
                         end = doc["end"]
                         continue
+                    doc = from_line(doc)
                     if windows:
                         windows[-1]["ranks"] = summary(windows[-1])
                         windows[-1].pop("hosts", None)
@@ -114,12 +116,20 @@ def runs(windows: list[dict]) -> list[dict]:
             done.append(open_runs.pop(key))
         for key, f in now.items():
             run = open_runs.setdefault(key, {"kind": f["kind"], "subject": subject(f), "from": w["first_step"],
-                                             "ms": [], "shares": []})
+                                             "ms": [], "shares": [], "contended": 0})
             run["to"] = w["last_step"]
+            run["contended"] += bool(f.get("contended") or contended(w))
             run["ms"].append(f["ms_per_step"])
             run["shares"].append(f["share_of_step"])
     done += open_runs.values()
     return sorted(done, key=lambda r: r["from"])
+
+
+def contended(window: dict) -> float | None:
+    """The cores other processes used on rank 0's host over `window` when that made it contended
+    (record/contention.py), else None."""
+    reading = window.get("contention") or {}
+    return reading.get("others_cores", 0.0) if reading.get("contended") else None
 
 
 def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
@@ -136,25 +146,32 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
                                                                                    "or its rank 0 died)")
                   + (f"; {doc['cut']} line(s) cut short left out" if doc["cut"] else ""), highlight=False)
     held = Table(title="findings as they held (consecutive windows)")
-    for name in ("finding", "subject", "from step", "to step", "windows", "ms/step (median)", "of the step"):
+    for name in ("finding", "subject", "from step", "to step", "windows", "ms/step (median)", "of the step",
+                 "contended"):
         held.add_column(name, justify="left" if name in ("finding", "subject") else "right")
     for r in runs(windows):
         held.add_row(r["kind"], r["subject"], str(r["from"]), str(r["to"]), str(len(r["ms"])),
-                     f"{statistics.median(r['ms']):.2f}", f"{statistics.median(r['shares']):.0%}")
+                     f"{statistics.median(r['ms']):.2f}", f"{statistics.median(r['shares']):.0%}",
+                     f"{r['contended']} of {len(r['ms'])}" if r["contended"] else "")
     console.print(held)
     shown = windows if len(windows) <= MAX_ROWS else [windows[round(i * (len(windows) - 1) / (MAX_ROWS - 1))]
                                                       for i in range(MAX_ROWS)]
     table = Table(title="windows" + ("" if shown is windows else f" ({MAX_ROWS} of {len(windows)}, evenly spaced)"))
-    for name in ("steps", "step ms", "busy ms (min–max rank)", "waiting ms (max)", "top finding"):
+    for name in ("steps", "step ms", "busy ms (min–max rank)", "waiting ms (max)", "top finding", "contended"):
         table.add_column(name, justify="left" if name in ("steps", "top finding") else "right")
     for w in shown:
         figures = summary(w)
         top = w["findings"][0] if w["findings"] else None
+        others = contended(w)
         table.add_row(f"{w['first_step']}-{w['last_step']}", f"{w['step_ms']:.2f}",
                       f"{figures['busy_min']:.2f}–{figures['busy_max']:.2f}", f"{figures['waiting_max']:.2f}",
                       "" if top is None else f"{top['kind']} {subject(top)} {top['ms_per_step']:.2f} ms "
-                                             f"({top['share_of_step']:.0%})")
+                                             f"({top['share_of_step']:.0%})",
+                      "" if others is None else f"{others:.1f} cores")
     console.print(table)
+    if any(contended(w) is not None for w in windows):
+        console.print("contended: other processes used that many cores of rank 0's host over the window: its "
+                      "timings, and a finding held then, include that competition", highlight=False)
     hosts = f" on {len(windows[-1]['hosts'])} host(s)" if windows[-1].get("hosts") else ""
     console.print(f"last window: {last['ops']:,} op(s) over {ranks} rank(s){hosts}", highlight=False)
     return [plot(windows, Path(plot_dir) / "live.png")] if plot_dir else []

@@ -178,6 +178,56 @@ def test_the_endpoint_serves_what_the_windows_added():
     assert got[("commprof_build_info", info)] == 1
 
 
+def keys_holding_data(doc) -> list[str]:
+    """The keys of `doc`, at any depth, that hold data rather than name a field: an op key, a rank id."""
+    if isinstance(doc, dict):
+        return [str(k) for k in doc if "|" in str(k) or str(k).isdigit()] + [x for v in doc.values()
+                                                                            for x in keys_holding_data(v)]
+    if isinstance(doc, list):
+        return [x for v in doc for x in keys_holding_data(v)]
+    return []
+
+
+def test_the_log_names_every_field_and_report_reads_it_back(tmp_path):
+    job = combine(_windows([10.0, 40.0], [31.0, 1.0], jitter=0.2))
+    Held().update(job)
+    assert keys_holding_data(job)  # the compact form in memory: op keys and peers' rank ids
+    compact = json.loads(json.dumps(job))
+    log = LiveLog(str(tmp_path / "live.jsonl"))
+    log.write(job)
+    log.end("complete")
+    line = json.loads((tmp_path / "live.jsonl").read_text().splitlines()[0])
+    assert keys_holding_data(line) == []  # records pandas.json_normalize can flatten
+    op = line["ranks"][1]["ops"][0]
+    count, nbytes, seconds, hist, size = job["ranks"][1]["ops"]["all_reduce|world|1048576"]
+    assert op == {"op": "all_reduce", "group": "world", "size_bucket": 1048576, "count": count, "bytes": nbytes,
+                  "seconds": seconds, "duration_buckets": hist, "group_size": size}
+    peers = next(f for f in line["findings"] if f["kind"] == "straggler")["evidence"]["peers_wait_ms"]
+    assert [p["rank"] for p in peers] == [0] and peers[0]["value"] > 25
+    assert live_log.read(str(tmp_path / "live.jsonl"), "not ours")["windows"] == [compact]
+
+
+def test_report_marks_the_windows_other_processes_contended(tmp_path, capsys):
+    from rich.console import Console
+
+    log = LiveLog(str(tmp_path / "live.jsonl"))
+    for k in range(3):
+        job = combine(_windows([10.0, 40.0], [31.0, 1.0], jitter=0.2))
+        Held().update(job)
+        job["first_step"], job["last_step"] = 20 * k, 20 * k + 19
+        busy = k < 2  # the first two windows beside another process's load, as live/monitor.py marks them
+        job["contention"] = {"host": "h", "others_cores": 1.7 if busy else 0.1, "contended": busy}
+        log.write(job)
+    log.end("complete")
+    live_log.render(live_log.read(str(tmp_path / "live.jsonl"), "not ours"), Console(file=sys.stdout, width=200))
+    out = capsys.readouterr().out
+    held = next(line for line in out.splitlines() if "straggler" in line and "rank 1" in line and "│" in line)
+    assert held.rstrip("│ ").endswith("2 of 3"), held
+    rows = [line for line in out.splitlines() if line.startswith("│ ") and "-" in line.split("│")[1]]
+    assert [row.rstrip("│ ").endswith("1.7 cores") for row in rows] == [True, True, False], rows
+    assert "contended: other processes used" in out
+
+
 def test_the_log_rotates_and_report_reads_both_parts_in_order(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(export, "MAX_LOG_BYTES", 2000)
     path = str(tmp_path / "live.jsonl")

@@ -34,9 +34,27 @@ TRACES = "cuda,nvtx,osrt"
 """What nsys traces by default: kernels and copies, commprof's ranges, and the OS calls it blocks in."""
 
 
+INSTALL = "tools/install_nsys.sh from commprof's source repository, or NVIDIA's Nsight Systems package"
+"""Where to get `nsys`, as the help and the error without it say."""
+
+DESCRIPTION = f"""\
+Profile a commprof bench or run job with Nsight Systems, one report per rank (DIR/rank<r>.nsys-rep): the
+command is printed, then run where nsys is installed (get it with {INSTALL}). With commprof's own launcher (--nproc)
+each rank runs under its own `nsys profile`; under torchrun, mpiexec or srun, put the printed `nsys profile`
+prefix in front of each rank's command yourself. Only the measured part is captured: the iterations after
+--warmup for run, the whole sweep for bench. Traces cuda,nvtx,osrt by default; --trace cuda,nvtx,osrt,mpi
+adds Nsight's own MPI rows.
+
+examples:
+  commprof nsys -- run --strategy ddp --nproc 2 --steps 20
+  commprof nsys --output prof -- bench all_reduce --backend mpi --nproc 4
+  commprof nsys --print-only -- run --strategy fsdp --nproc 2
+"""
+"""`commprof nsys --help`: what the module's docstring says, for users."""
+
+
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("nsys", help=summary,
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("nsys", help=summary, description=DESCRIPTION)
     p.add_argument("--output", default="nsys", metavar="DIR", help="where the reports go (default ./nsys)")
     p.add_argument("--trace", default=TRACES, metavar="LIST",
                    help=f"nsys --trace list (default {TRACES}; add mpi for nsys's own MPI rows)")
@@ -93,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     if args.print_only:
         return 0
     if shutil.which("nsys") is None:
-        sys.stderr.write("commprof: nsys is not installed here; run the command above where Nsight Systems is\n")
-        return 0
+        raise UsageError(f"Nsight Systems' nsys is not on PATH: get it with {INSTALL}, then run again "
+                         "(--print-only prints the command without running it)")
     os.makedirs(args.output, exist_ok=True)
     return subprocess.call([sys.executable, "-m", "commprof", *job], env={**os.environ, **env})

@@ -58,11 +58,16 @@ def test_mpi_tracing_is_opt_in_and_names_the_implementation():
     assert "--trace=cuda,nvtx,osrt,mpi --mpi-impl=mpich " in proc.stdout.splitlines()[0]  # the mpich wheel's mpiexec
 
 
-def test_without_nsys_says_so_in_one_line(tmp_path):
-    env = env_for_tests(PATH=str(tmp_path))  # no nsys anywhere on PATH
-    proc = commprof("nsys", "--", "run", "--strategy", "ddp", "--nproc", "2", "--steps", "2", env=env)
-    assert proc.returncode == 0
-    assert proc.stderr.strip() == "commprof: nsys is not installed here; run the command above where Nsight Systems is"
+def test_without_nsys_one_error_line_naming_the_installer_and_exit_2(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()  # PATH holds only this empty folder: no nsys anywhere
+    proc = commprof("nsys", "--", "bench", env=env_for_tests(PATH=str(bare)), cwd=str(tmp_path))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commprof: error: "), proc.stderr
+    assert "nsys" in lines[0] and "tools/install_nsys.sh" in lines[0] and "NVIDIA" in lines[0], lines[0]
+    assert "nsys profile" in proc.stdout.splitlines()[0]  # the command, for a machine that has nsys
+    assert not (tmp_path / "nsys").exists()  # nothing ran: no report folder
 
 
 def test_a_job_is_required():

@@ -44,8 +44,21 @@ from commprof.world import World
 
 
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("bench", help=summary,
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("bench", help=summary, description="""\
+Sweep collectives one at a time over message sizes, dtypes and reduce ops, with the flags and figures of
+nccl-tests (time, algorithm and bus bandwidth, per-rank statistics), each result checked against its closed
+form. commprof starts one rank per core (per GPU on NCCL) unless --nproc says how many; under torchrun,
+mpiexec or srun the ranks are theirs. --algo runs hand-written algorithms (ring, tree, ...) beside the
+library's collective. A comma list in --nproc runs each rank count in turn.
+
+examples:
+  commprof bench                  # every collective, one rank per core or GPU
+  commprof bench all_reduce -b 8 -e 16M -f 2 --nproc 4 --json out.json
+  mpiexec -n 2 commprof bench --backend mpi all_gather -d all
+  commprof bench all_reduce --algo library,ring,rabenseifner -e 64M
+  torchrun --nproc-per-node 8 -m commprof bench all_reduce --group-sizes 2,4,8
+  commprof bench all_reduce -b 8 -e 128M -f 2 --format nccl-tests
+""")
     p.add_argument("collectives", nargs="*", metavar="COLLECTIVE",
                    help=f"any of {', '.join(COLLECTIVES)} (default: all)")
     p.add_argument("--algo", default=kernels.LIBRARY,

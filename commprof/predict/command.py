@@ -27,8 +27,18 @@ DEFAULT_RANKS = tuple(2 ** k for k in range(1, 11))
 
 
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("predict", help=summary, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("predict", help=summary, description="""\
+The step time of each measured strategy at N ranks, from the iterations it measured (its trace) and a
+fabric's α (latency) and β (time per byte) per level. Each input is a run or profile JSON made with
+--trace, or the trace itself; every measured iteration is replayed at each N and the median taken.
+Efficiency is the replay with free communication over the predicted step: 1.0 is perfect weak scaling.
+
+examples:
+  commprof run --strategy ddp --nproc 2 --trace t/ --json ddp.json
+  commprof predict ddp.json --fabric "intra=450GB/s,3us;inter=50GB/s,8us" \\
+      --ranks-per-host 8 --plot p.png
+  commprof predict ddp.json fsdp.json --fabric bench.json --ranks 2,3,4
+""")
     p.add_argument("inputs", nargs="+", metavar="RUN", help="run or profile JSON made with --trace, or its trace")
     p.add_argument("--fabric", required=True, metavar="SPEC",
                    help='α and β per level: "intra=450GB/s,3us;inter=50GB/s,8us", or a bench JSON to fit them from')

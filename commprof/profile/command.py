@@ -70,8 +70,20 @@ class ProfileConfig:
 
 
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("profile", help=summary, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("profile", help=summary, description="""\
+Run your training script, unchanged, on every rank with commprof underneath it, and report its iterations
+as `commprof run` reports its own: the compute/communication split per iteration and rank, the volume per
+op and process group, tables, --json, --trace (Chrome/Perfetto) and NVTX ranges. The script runs as
+`python train.py` would, with its own arguments and exit code, and initialises its process group itself
+(init_process_group() with env:// works under every launcher). Volume is per epoch with --steps-per-epoch,
+else over the whole run.
+
+examples:
+  commprof profile --nproc 2 -- train.py --epochs 1
+  commprof profile --nproc 4 --json out.json --trace tr \\
+      --steps-per-epoch 1563 -- train.py
+  torchrun --nproc-per-node 2 -m commprof profile -- train.py  # or srun
+""")
     p.add_argument("--warmup", type=int, default=4,
                    help="iterations not measured (default 4: 1-3 aligned, to price a straggler's late ops)")
     p.add_argument("--steps-per-epoch", type=int, help="iterations per epoch (default: all the script ran)")

@@ -28,8 +28,20 @@ NOT_OURS = "not a commprof result"
 
 
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("report", help=summary, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("report", help=summary, description="""\
+The tables and plots of saved results, without running anything. One bench file: its tables as bench
+printed them (and a scaling table across rank counts); several: side by side, each against the first (two
+backends, two machines, before and after). Run files and grid files: one comparison table, a row per
+configuration; two run files with findings: their findings side by side, each change against the runs'
+noise. --plot names each PNG it writes on stderr.
+
+examples:
+  commprof report grid.json --plot plots/
+  commprof report gloo.json mpi.json
+  commprof report grid.json --markdown > table.md
+  commprof report a/run.json b/run.json --csv runs.csv  # labelled a and b
+  commprof report live.jsonl --plot plots/              # a --live-log file
+""")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="--json files of commprof bench, run or a grid; or one --live-log file")
     p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")

@@ -1,7 +1,7 @@
 """Rich rendering of a `commprof profile` report: the script's iterations split per rank and across ranks
-(the same tables as `commprof run`), its volume per op and group, what ran outside every iteration, and
-what ran unseen. Rendering only: it reads the document commprof/profile/results.py made.
-Exercised by: `pytest tests/test_profile_cli.py`.
+(the same tables as `commprof run`), its volume per op and group, each op's time (report/op_table.py), what
+ran outside every iteration, what ran unseen, and last the findings. Rendering only: it reads the document commprof/profile/results.py made.
+Exercised by: `pytest tests/test_profile_cli.py` and `pytest tests/unit/test_help_text.py -k epoch`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from commprof.report.fit import Narrowing
+from commprof.report.op_table import op_table
 from commprof.report.run_table import group_table, time_table
 from commprof.report.units import format_bytes
 
@@ -30,9 +31,15 @@ def _header(doc: dict) -> Text:
 
 
 def volume_table(doc: dict) -> Narrowing:
-    table = Table(title=f"transfer volume per rank (rank 0; {doc['steps']['per_epoch']} iterations per epoch)",
-                  title_justify="left")
-    for label in ("op", "calls/iteration", "payload/iteration", "wire/iteration", "payload/epoch", "wire/epoch"):
+    """Volume per op and group: per iteration, and per epoch where --steps-per-epoch said how long one is; else
+    over the whole run (every iteration the script ran, which is all commprof knows of its epochs)."""
+    iterations = doc["steps"]["per_epoch"]
+    if doc.get("config", {}).get("steps_per_epoch"):
+        title, span = f"rank 0; {iterations} iterations per epoch", "epoch"
+    else:
+        title, span = f"rank 0; the whole run: {iterations} iterations; --steps-per-epoch N for per epoch", "run"
+    table = Table(title=f"transfer volume per rank ({title})", title_justify="left")
+    for label in ("op", "calls/iteration", "payload/iteration", "wire/iteration", f"payload/{span}", f"wire/{span}"):
         table.add_column(label, justify="left" if label == "op" else "right")
     for name, v in doc["volume"].items():
         table.add_row(name, f"{v['calls_per_step']:g}", format_bytes(v["payload_bytes_per_step"]),
@@ -40,7 +47,7 @@ def volume_table(doc: dict) -> Narrowing:
                       format_bytes(v["wire_bytes_per_epoch"]))
     if not doc["volume"]:
         table.add_row("(none)", "0", "0 B", "0 B", "0 B", "0 B")
-    return Narrowing(table, ("wire/epoch", "payload/epoch"))
+    return Narrowing(table, (f"wire/{span}", f"payload/{span}"))
 
 
 def outside_table(doc: dict) -> Table | None:
@@ -77,18 +84,21 @@ def summary_text(doc: dict) -> Text:
 
 
 def profile_tables(doc: dict) -> list:
-    extra = [t for t in (group_table(doc), outside_table(doc)) if t is not None]
+    """The header, then the tables: time per iteration, volume, the op times (where rank 0 traced), per group,
+    outside every iteration, and the summary line."""
+    ops = op_table(doc["op_times"], iterations=doc["steps"]["measured"]) if doc.get("op_times") else None
+    extra = [t for t in (ops, group_table(doc), outside_table(doc)) if t is not None]
     return [_header(doc), time_table(doc), volume_table(doc), *extra, summary_text(doc)]
 
 
 def print_profile(doc: dict) -> None:
-    """The report on stdout: the findings first, then the tables."""
+    """The report on stdout: the tables, then the findings, which read them (the step they name is the tables')."""
     from commprof.report.findings_block import findings_text
     from commprof.report.fit import results_console
 
     console = results_console()
+    for table in profile_tables(doc):
+        console.print(table)
     found = findings_text(doc.get("findings"))
     if found is not None:
         console.print(found, highlight=False)
-    for table in profile_tables(doc):
-        console.print(table)

@@ -37,8 +37,20 @@ from commprof.world import World
 
 
 def add_parser(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("run", help=summary,
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("run", help=summary, description="""\
+Train a model with one data-parallel or model-parallel strategy and report, per iteration and per rank,
+where the time goes (compute, communication, their overlap and the communication left exposed) and how
+many bytes each rank moves per step and per epoch, next to the strategy's prediction. Comma lists in
+--strategy, --nproc, --model, --batch-size, ... run every combination into one comparison table.
+
+examples:
+  commprof run --strategy ddp --model resnet18 --nproc 2
+  commprof run --strategy fsdp --model gpt2-tiny --data text \\
+      --data-dir input.txt --steps 20 --json out.json
+  commprof run --strategy ddp --nproc 2 --steps 10 --csv ddp.csv
+  commprof run --strategy single,ddp,fsdp --nproc 1,2 --json grid.json
+  commprof run --list-models
+""")
     p.add_argument("--strategy", default="ddp", help=f"{', '.join(CATALOG)} (default ddp)")
     p.add_argument("--model", default="mnist-cnn", help="see --list-models (default mnist-cnn)")
     p.add_argument("--list-models", action="store_true", help="list the models and exit")

@@ -10,16 +10,23 @@ Exercised by: `commprof bench --nproc 2 -e 1M` and
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from rich.table import Table
 
 from commprof.report.bench_table import collective_label, ranks_key, ranks_label, several_roots
-from commprof.report.fit import Narrowing
+from commprof.report.fit import Fitting
 
 STANDS_OUT = 0.10
 """A rank stands out as the slowest when it is the slowest in at least two thirds of the rows and its mean time
 there is at least this much over the median of the other ranks'."""
+NARROW_DROP = ("type", "ranks", "latency size (B)", "slowest rank", "collective", "n½ (B)")
+"""What a narrow terminal leaves out of the summary, first to last (fit.fit_rows): the type and the ranks where
+every row has the same (said once: "all rows: float32, 2 ranks"), the figures least looked at, the collective
+where every row is the same one. A column whose rows differ stays: each row is told from the others."""
+LABELS = {"type": str, "ranks": lambda n: f"{n} rank{'' if n == '1' else 's'}" if n.isdigit() else n,
+          "collective": str}
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -75,7 +82,9 @@ def slowest(records: list[dict]) -> dict | None:
     return {"rank": rank, "rows": len(mine), "of": len(counted), "over_pct": 100 * statistics.mean(over)}
 
 
-def summary_table(rows: list[dict]) -> Narrowing:
+def summary_table(rows: list[dict]) -> Fitting:
+    """A line a row: the name (collective/algorithm, root under -r all), the ranks (a count, under a header that
+    says ranks), the type, then the figures."""
     table = Table(title="summary", title_justify="left", header_style="bold", caption_justify="left",
                   caption="out-of-place rows where the collective has them, else in-place; n½: the smallest size "
                           "at which busbw reaches half its peak")
@@ -90,10 +99,16 @@ def summary_table(rows: list[dict]) -> Narrowing:
         peak = row["peak_busbw_GBps"]
         s = row["slowest"]
         late = "" if s is None else f"{s['rank']} (+{s['over_pct']:.0f} % in {s['rows']} of {s['of']} sizes)"
-        table.add_row(name, row["ranks"], kind, f"{row['latency_us']:.2f}", str(row["latency_nbytes"]),
+        table.add_row(name, _ranks(row["ranks"]), kind, f"{row['latency_us']:.2f}", str(row["latency_nbytes"]),
                       "n/a" if peak is None else f"{peak:.3f}", _size(row["peak_nbytes"]),
                       _size(row["half_peak_nbytes"]), str(row["wrong"]), late)
-    return Narrowing(table, ("type", "ranks", "latency size (B)"))
+    return Fitting(table, NARROW_DROP, LABELS)
+
+
+def _ranks(label: str) -> str:
+    """'2' for '2 ranks' (the header says ranks); '4 groups of 2' as it is."""
+    count = re.fullmatch(r"(\d+) ranks?", label)
+    return count.group(1) if count else label
 
 
 def _size(nbytes: int | None) -> str:

@@ -9,15 +9,19 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from commprof.report.fit import Narrowing
+from commprof.report.fit import Fitting
 
 MODE_NAMES = {False: "out of place", True: "in place"}
 MODES = (False, True)
 """nccl-tests' order of the two modes' columns."""
-NARROW_DROP = ("count", "redop", "root", "p99 (us)", "algbw (GB/s)", "type", "steps", "α–β model (us)",
-               "sent/rank (B)", "slowest rank")
-"""The columns a narrow terminal goes without, first to last: kept are the size, each mode's time, busbw and
-#wrong, and time/model."""
+NARROW_DROP = ("count", "redop", "root", "type", "p99 (us)", "algbw (GB/s)", "steps", "α–β model (us)",
+               "sent/rank (B)", "slowest rank", ("time/model", "time/\nmodel"), "#wrong")
+"""What a narrow terminal does, first to last (fit.fit_rows): leave out the count (the size over the type's
+width), the type, redop and root where every row has the same (said once: "all rows: float32, sum"; where rows
+differ in them they stay), the figures least looked at, wrap time/model's header, and leave out #wrong where
+every row has the same. Kept are the size, each mode's time and busbw, and time/model: never a digit cut."""
+LABELS = {"type": str, "redop": str, "root": "root {}".format, "#wrong": "#wrong {}".format}
+"""The columns that tell rows apart, and how their one value is said when every row has it."""
 
 
 def ranks_key(rec: dict) -> tuple[int, int, str]:
@@ -80,9 +84,9 @@ def _wrong(rec: dict | None) -> Text:
     return Text(str(rec["wrong"]), style="bold red" if rec["wrong"] else "green")
 
 
-def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> Narrowing:
+def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> Fitting:
     """One table for one collective; records of both modes, in measurement order. Drawn narrower than its
-    columns need, it leaves out NARROW_DROP's, in order, and says so."""
+    columns need, it takes NARROW_DROP's steps, in order, and says what it left out."""
     rows: dict[tuple, dict[bool, dict]] = {}
     for rec in records:
         rows.setdefault((rec["dtype"], rec["redop"], rec["nbytes"]), {})[rec["inplace"]] = rec
@@ -129,7 +133,7 @@ def bench_table(collective: str, records: list[dict], notes: list[str] = ()) -> 
             cells += _model_cells(ref)
         cells += [_num(ref["p99_us"]), str(ref["slowest_rank"])]
         table.add_row(*cells)
-    return Narrowing(table, NARROW_DROP)
+    return Fitting(table, NARROW_DROP, LABELS)
 
 
 def _model_cells(rec: dict) -> list:

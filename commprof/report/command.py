@@ -159,8 +159,9 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
                 out.print(header(docs[0]["env"]))
             by_coll: dict = {}
             for rec in docs[0]["results"]:
-                by_coll.setdefault((rec["collective"], rec.get("root")), []).append(rec)  # -r all: per root
-            for (coll, _), records in by_coll.items():
+                # a table per collective, algorithm (--algo) and root (-r all), as bench printed them
+                by_coll.setdefault((rec["collective"], rec.get("algo"), rec.get("root")), []).append(rec)
+            for (coll, _, _), records in by_coll.items():
                 out.print(bench_table(coll, records))
                 out.print(f"# {coll} avg bus bandwidth: {avg_busbw(records):.3f} GB/s")
             if len({ranks_key(r) for r in docs[0]["results"]}) > 1:
@@ -200,8 +201,10 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
 
         for path, kind, doc in loaded:
             found = findings_text(doc.get("findings")) if kind != "grid" else None
-            if found is not None:
-                out.print(f"{path}: " if len(loaded) > 1 else "", found, sep="", highlight=False)
+            if found is not None:  # a block of paragraphs, each wrapped with a hanging indent: on lines of its own
+                if len(loaded) > 1:
+                    out.print(f"{path}:", highlight=False)
+                out.print(found, highlight=False)
         if len(loaded) == 2 and all(kind == "run" and doc.get("findings") for _, kind, doc in loaded):
             from commprof.report import findings_compare
 

@@ -4,6 +4,9 @@ builder chose, and says which — it never cuts a number (`681… MiB`), as Rich
 Numbers sit in right-aligned columns, which never wrap; a header may (give it a newline). The width is the one the
 table is drawn in: the terminal's, COLUMNS when output is piped (as Rich reads it), else RESULTS_WIDTH, so a log
 file holds whole tables. Exercised by: `pytest tests/test_fit.py`.
+
+Bench's tables and its summary go by a stricter rule (`Fitting`, `fit_rows`): a number is never cut, a column
+that tells rows apart is never left out, and what a constant column held is said once.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import copy
 import dataclasses
 import io
 import os
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, Union
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -78,11 +81,11 @@ def _room(table: Table, width: int) -> int:
     return width - table._extra_width - sum(table._get_padding_width(c._index) for c in table.columns)
 
 
-def _share(table: Table, room: int) -> None:
-    """Fix each column's width when the text does not fit unwrapped: every column its longest word, then what
-    is left to the columns that are furthest from their unwrapped width. Rich would narrow the widest columns
-    first and cut words in them."""
-    floors = [_longest_word(c) for c in table.columns]
+def _share(table: Table, room: int, floors: list[int] | None = None) -> None:
+    """Fix each column's width when the text does not fit unwrapped: every column its floor (its longest word
+    unless given), then what is left to the columns that are furthest from their unwrapped width. Rich would
+    narrow the widest columns first and cut words in them."""
+    floors = floors if floors is not None else [_longest_word(c) for c in table.columns]
     natural = [max(floor, _longest_line(c)) for floor, c in zip(floors, table.columns)]
     if sum(natural) <= room or sum(floors) > room:
         return
@@ -124,3 +127,122 @@ def _reindex(table: Table) -> None:
     """Rich pads a column by its index (the first and last go to the edge)."""
     for i, column in enumerate(table.columns):
         column._index = i
+
+
+Step = Union[str, tuple[str, str]]
+"""One step of narrowing a table: a column's name (leave it out), or (name, shorter header) (abbreviate it)."""
+BLANK = ("", "none", "n/a", "N/A")
+"""What a constant column may hold that is not worth saying: such a column is named among those left out."""
+
+
+class Fitting:
+    """`table` drawn by `fit_rows` in the width it is drawn in."""
+
+    def __init__(self, table: Table, steps: Iterable[Step], labels: Mapping[str, Callable[[str], str]] | None = None,
+                 ) -> None:
+        self.table = table
+        self.steps = tuple(steps)
+        self.labels = dict(labels or {})
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield fit_rows(self.table, options.max_width, self.steps, self.labels)
+
+
+def fit_rows(table: Table, width: int, steps: Iterable[Step],
+             labels: Mapping[str, Callable[[str], str]] | None = None) -> Table:
+    """A copy of `table` that shows every number whole at `width`: bench's rule for its tables and summary.
+
+    Numbers sit in right-aligned columns, which get their widest cell before any header is wrapped; text in
+    left-aligned ones, which keep their cells on one line while they can. Until the table fits, `steps` are
+    taken in order: a name leaves out the column(s) of that header, a (name, header) pair gives them a shorter
+    header. A column of `labels` (type, redop, root, ranks, ...) is left out only when it holds one value in every
+    row — a column that tells rows apart stays — and what it held is said once in the caption ("all rows: float32,
+    sum", each value as labels[name] words it; a blank or "none" column is named among those left out). The
+    builder orders its steps: columns implied by others (count) and constant labels first, then the least
+    important figures, then headers. Last, text cells wrap at spaces, then fold; a number never does (in a
+    terminal too narrow for the numbers alone, they fold too: every digit is drawn). Where the table fits as it
+    is, it is drawn as it is."""
+    labels = labels or {}
+    out = copy.copy(table)
+    out.columns = [dataclasses.replace(c) for c in table.columns]
+    _reindex(out)
+    names = [header_name(c) for c in out.columns]
+    order = {name: i for i, name in reversed(list(enumerate(names)))}
+    left_out: list[str] = []
+    said: list[tuple[int, str]] = []
+
+    def fits() -> bool:
+        return _room(out, width) >= sum(_floors(out.columns, False))
+
+    for step in steps:
+        if fits():
+            break
+        name, short = (step, None) if isinstance(step, str) else step
+        mine = [i for i, n in enumerate(names) if n == name]
+        if not mine:
+            continue
+        if short is not None:
+            for i in mine:
+                out.columns[i].header = short
+            continue
+        if name in labels:
+            values = {_plain(cell) for i in mine for cell in out.columns[i]._cells}
+            if len(values) > 1:  # it tells rows apart
+                continue
+            value = values.pop() if values else ""
+            if value.strip() in BLANK:
+                left_out.append(name)
+            else:
+                said.append((order[name], labels[name](value)))
+        else:
+            left_out.append(name)
+        out.columns = [c for i, c in enumerate(out.columns) if i not in mine]
+        names = [n for i, n in enumerate(names) if i not in mine]
+        _reindex(out)
+    room = _room(out, width)
+    floors = _floors(out.columns, False)
+    if sum(floors) > room:  # the last resort: text cells wrap at spaces, then fold; numbers keep their width
+        floors = _floors(out.columns, True)
+        text = [i for i, c in enumerate(out.columns) if not _numbers(c)]
+        for i in text:
+            out.columns[i].overflow = "fold"
+        while sum(floors) > room and text and max(floors[i] for i in text) > 4:
+            floors[max(text, key=lambda k: floors[k])] -= 1
+        if sum(floors) > room:  # too narrow for the numbers themselves: Rich narrows them, folded, never with "…"
+            for column in out.columns:
+                column.overflow = "fold"
+    _share(out, room, floors)
+    lines = [table.caption] if table.caption else []
+    if said:
+        lines.append("all rows: " + ", ".join(words for _, words in sorted(said)))
+    if left_out:
+        lines.append(f"left out at {width} columns: {', '.join(left_out)} (a wider terminal, "
+                     f"COLUMNS={RESULTS_WIDTH}, or the JSON has them)")
+    if len(lines) > (1 if table.caption else 0):
+        out.caption = "\n".join(lines)
+        out.caption_justify = "left"
+    return out
+
+
+def _numbers(column) -> bool:
+    """A right-aligned column holds numbers (or words that are as short): its cells never wrap."""
+    return column.justify == "right"
+
+
+def _floors(columns, wrap: bool) -> list[int]:
+    """The narrowest each column may be: its longest header word, and its widest cell (a text column's longest
+    word once text may wrap)."""
+    out = []
+    for column in columns:
+        cells = [str(t) for t in column._cells if isinstance(t, (str, Text))]
+        if wrap and not _numbers(column):
+            widest = max((cell_len(w) for t in cells for w in t.split()), default=1)
+        else:
+            widest = max((cell_len(line) for t in cells for line in t.splitlines()), default=1)
+        head = max((cell_len(w) for w in str(column.header).split()), default=1)
+        out.append(max(widest, head))
+    return out
+
+
+def _plain(cell) -> str:
+    return str(cell) if isinstance(cell, (str, Text)) else repr(cell)

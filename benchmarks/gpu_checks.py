@@ -489,6 +489,12 @@ def straggler_script(argv: list[str]) -> None:
     dist.destroy_process_group()
 
 
+
+def _findings_of(stdout: str) -> str:
+    """The findings block of a profile's stdout: it closes the output, after the tables."""
+    at = stdout.rfind("\nfindings")
+    return stdout[at + 1:] if at >= 0 else ""
+
 def step_straggler(args, out: Path, budget: Budget) -> None:
     cuda = args.device == "cuda"
     per_ms = 0.0
@@ -530,7 +536,7 @@ def step_straggler(args, out: Path, budget: Budget) -> None:
                                                                 "exposed_comm_ms", "overlap_ms")},
                  "per_rank": doc["summary"].get("per_rank"), "findings_top": items[:4],
                  "findings_by_rank": found.get("by_rank"), "truth": truths,
-                 "findings_text": "\n".join(res["stdout"].splitlines()[:30])}
+                 "findings_text": _findings_of(res["stdout"])}
         stragglers = [f for f in items if f.get("kind") == "straggler"]
         entry["straggler_named"] = [{"rank": f.get("rank"), "ms_per_step": f.get("ms_per_step")} for f in stragglers]
         if label.startswith("slowed"):

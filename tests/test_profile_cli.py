@@ -351,3 +351,24 @@ def test_a_syntax_error_shows_as_python_shows_it(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.count("SyntaxError") == 1 and 'typo.py", line 2' in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "runpy" not in proc.stderr and "commprof/" not in proc.stderr
+
+
+def test_the_op_times_follow_the_volume_table_and_the_findings_every_table(tmp_path):
+    # the findings came first, before the header and the tables; no table gave each op's time
+    def key(op, group):  # the volume table's name of an op of a group
+        return op if group == "world" else f"{op} ({group})"
+
+    doc, proc = profile(tmp_path, "--nproc", "2", script="ddp_train.py", script_args=("--steps", "8"))
+    out = proc.stdout
+    header, volume, ops = (out.index(s) for s in ("commprof profile · ", "transfer volume per rank", "time per op"))
+    last_table = out.index("ms/iteration (slowest rank)")  # the summary line after the tables
+    assert header < volume < ops < last_table, out
+    assert out.index("\nfindings") > last_table, out  # a finding, or "findings: none above 3 % of the step"
+    measured = doc["steps"]["measured"]
+    assert measured == 4 and {key(r["op"], r["group"]) for r in doc["op_times"]} == set(doc["volume"]), doc
+    for r in doc["op_times"]:  # rank 0's ops of the measured iterations: the volume table's, with their times
+        v = doc["volume"][key(r["op"], r["group"])]
+        assert r["count"] == v["calls_per_step"] * measured, (r, v)
+        assert r["payload_bytes"] == v["payload_bytes_per_step"] * measured, (r, v)
+        assert 0 < r["min_us"] <= r["median_us"] <= r["p99_us"] <= r["max_us"] and r["rank"] == 0, r
+        assert key(r["op"], r["group"]) in out[ops:last_table] and f" {r['count']} " in out[ops:last_table]

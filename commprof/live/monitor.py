@@ -286,16 +286,100 @@ class Live:
         self.metrics.close()
 
 
-def line(job: dict) -> str:
-    """The terminal's live text for a combined window: its step and its costliest finding, since when."""
-    head = f"live: steps {job['first_step']}-{job['last_step']} {job['step_ms']:.1f} ms/step"
+def line(job: dict, width: int | None = None, *, iteration: int | None = None, total: int | None = None,
+         eta_s: float | None = None) -> str:
+    """The terminal's live text for a combined window, at most `width` columns (None: all of it): first who or
+    what costs the step, how much a step and since which step; then the loop's iteration (of `total`) and the
+    time left (`eta_s`); then the rest — the window's steps and step, the finding's share of the step, the
+    host's contention. Pieces go from the last of that order until the text fits, each whole or not at all, so
+    no number is cut; then the room left takes back, the most needed first, what fits in it. Only a width too
+    narrow for the first three shortens them ("rank 1", "since 1200"), and then cuts at a space.
+
+        None: iteration 1240/5000 · ETA 0:00:41 · live: steps 1220-1239 31.2 ms/step · straggler rank 1 +19.9 ms/step
+              (64%) since step 1200                                                       (one line, 125 columns)
+        120:  iteration 1240/5000 · ETA 0:00:41 · straggler rank 1 +19.9 ms/step (64%) since step 1200
+        80:   iteration 1240/5000 · straggler rank 1 +19.9 ms/step (64%) since step 1200
+
+    The live thread says `line(job)` on rank 0's progress line (`_export`, report/progress.py's `say`), where it
+    is one column of Rich's row after the loop's own iteration, rate and time columns, and Rich narrows every
+    column of a row wider than the terminal: given the terminal's width and the loop's iteration and ETA, this
+    makes that whole row.
+    """
+    pieces = _line_pieces(job, iteration=iteration, total=total, eta_s=eta_s)
+    shown = [0] * len(pieces)  # the form each piece is shown in; past its last: left out
+
+    def text() -> str:
+        out, last = "", None
+        for (group, forms), k in zip(pieces, shown):
+            if k < len(forms):
+                out += ("" if last is None else " " if group == last else " · ") + forms[k][0]
+                last = group
+        return out
+
+    if width is None:
+        return text()
+    taken = []
+    while len(text()) > width:
+        # the piece whose form is the least needed, the later one of two as needed
+        least = max(((forms[k][1], i) for i, ((_, forms), k) in enumerate(zip(pieces, shown))
+                     if k < len(forms) and forms[k][1] is not None), default=None)
+        if least is None:  # too narrow for the first three: the last of them goes, then the one left is cut
+            left = [i for i, ((_, forms), k) in enumerate(zip(pieces, shown)) if k < len(forms)]
+            if len(left) == 1:
+                return _cut(text(), width)
+            shown[left[-1]] = len(pieces[left[-1]][1])
+            continue
+        shown[least[1]] += 1
+        taken.append(least[1])
+    for i in reversed(taken):  # the room a longer piece left: back, the most needed first, what fits in it
+        shown[i] -= 1
+        if len(text()) > width:
+            shown[i] += 1
+    return text()
+
+
+LINE_DROP = ("contention", "window", "share", "contended", "eta", "iteration", "kind", "since")
+"""What the live line leaves out first, then next, ... at a narrow width (`line`): the rest, then the iteration
+and the ETA, then, where even those go, the finding's kind and the word "step"."""
+
+
+def _line_pieces(job: dict, *, iteration: int | None, total: int | None,
+                 eta_s: float | None) -> list[tuple[str, list[tuple[str, int | None]]]]:
+    """The live line's pieces in the order shown: (group, [(form, how soon it goes: a higher number sooner;
+    None: never), ...]); pieces of one group are joined by a space, groups by " · "."""
+    def drop(what: str) -> int:
+        return len(LINE_DROP) - LINE_DROP.index(what)
+
+    pieces: list[tuple[str, list[tuple[str, int | None]]]] = []
+    if iteration is not None:
+        pieces.append(("iteration", [(f"iteration {iteration}" + (f"/{total}" if total else ""), drop("iteration"))]))
+    if eta_s is not None:
+        left = max(0, round(eta_s))
+        pieces.append(("eta", [(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}", drop("eta"))]))
+    pieces.append(("live", [(f"live: steps {job['first_step']}-{job['last_step']} {job['step_ms']:.1f} ms/step",
+                             drop("window"))]))
     if (job.get("contention") or {}).get("contended"):
-        head += f" (contended: others used {job['contention']['others_cores']:.2f} core(s))"
+        pieces.append(("live", [(f"(contended: others used {job['contention']['others_cores']:.2f} core(s))",
+                                 drop("contention")), ("(contended)", drop("contended"))]))
     if not job["findings"]:
-        return head + " · no finding above 3 %"
+        pieces.append(("finding", [("no finding above 3 %", None)]))
+        return pieces
     f = job["findings"][0]
-    return (f"{head} · {f['kind']} {subject(f)}".rstrip() + f" +{f['ms_per_step']:.1f} ms/step "
-            f"({f['share_of_step']:.0%}) since step {f.get('since_step', job['first_step'])}")
+    cost = f" +{f['ms_per_step']:.1f} ms/step"
+    who = subject(f) or f["kind"]
+    pieces.append(("finding", [(f"{f['kind']} {subject(f)}".rstrip() + cost, drop("kind")), (who + cost, None)]))
+    pieces.append(("finding", [(f"({f['share_of_step']:.0%})", drop("share"))]))
+    since = f.get("since_step", job["first_step"])
+    pieces.append(("finding", [(f"since step {since}", drop("since")), (f"since {since}", None)]))
+    return pieces
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` cut to `width` at a space, never inside a number, "…" saying so."""
+    if len(text) <= width:
+        return text
+    at = text.rfind(" ", 0, max(0, width - 1) + 1)
+    return (text[:at].rstrip(" ·") if at > 0 else text[:max(0, width - 1)]) + "…"
 
 
 def _host(address: str) -> str:

@@ -294,7 +294,7 @@ class Session:
 
         if self.life.rank.contention is not None:
             env["contention"] = self.life.rank.contention.read()
-        doc = combine(self.cfg, results, env)
+        doc = combine(self.cfg, results, env, trace_dir=self.life.folder.path if self.life.folder else None)
         from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 

@@ -4,20 +4,29 @@ report/script_table.py).
 Per rank: the median over measured iterations of each figure, as `commprof run` (run/results.py); across
 ranks: avg, min, max, slowest rank, skew. Volume: rank 0's mean per measured iteration, per op and group
 ("all_reduce", "send (ranks0-1)"), and per epoch (--steps-per-epoch, else every iteration the script ran);
-ops outside every iteration (set-up, evaluation after the last step) are counted apart.
-Exercised by: `pytest tests/test_profile_cli.py`.
+ops outside every iteration (set-up, evaluation after the last step) are counted apart. Op times: rank 0's own ops
+of the measured iterations, read back from its trace file, a row per op and group (report/op_table.py).
+Exercised by: `pytest tests/test_profile_cli.py tests/unit/test_op_table.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
 
+from commprof.errors import UsageError
+from commprof.perfmodel.timeline import from_ranks
 from commprof.record.figures import mean_volume, time_row, time_summary
+from commprof.record.merge import load
 from commprof.record.volume import volume_table
+from commprof.report.op_table import op_time_rows
 
 
-def combine(cfg, results: list[dict], env: dict) -> dict:
+def combine(cfg, results: list[dict], env: dict, *, trace_dir: str | None = None) -> dict:
+    """Every rank's result (rank 0's op log and trace for the volume and the op times) as the report document;
+    `trace_dir`: the folder rank 0 traced into, whose rank0.trace.json gives "op_times" (None: no trace, no
+    op times, as in a --live job without --trace)."""
     results = sorted(results, key=lambda r: r["rank"])
     first = results[0]
     # a script's rank holds what its process holds: nothing says which bytes are parameters
@@ -53,7 +62,22 @@ def combine(cfg, results: list[dict], env: dict) -> dict:
         "volume": volume,
         "outside_iterations": first["outside"],
         "unseen": dict(unseen),
+        **({"op_times": op_times(trace_dir, env.get("world_size", len(results)))} if trace_dir else {}),
     }
+
+
+def op_times(trace_dir: str, world_size: int) -> list[dict]:
+    """Rank 0's own ops of the measured iterations in its trace file (rank0.trace.json in `trace_dir`), a row per
+    op and group: count, payload bytes and the min / median / p99 / max of their issue-to-completion times (µs)
+    (report/op_table.py). Only rank 0's file is read, so it costs the same at any world size; [] when the file
+    holds no measured iteration or cannot be read."""
+    try:
+        events = load(Path(trace_dir) / "rank0.trace.json")
+        measured = from_ranks([(0, events)], world_size, trace_dir, strategy="", global_batch=None, backend=None)
+    except (OSError, ValueError, UsageError):
+        return []
+    return op_time_rows((op.name, op.label, op.nbytes, end - start)
+                        for (program,) in measured.iterations for start, end, op in program.spans)
 
 
 def partial(cfg, result: dict, env: dict, *, reason: str) -> dict:

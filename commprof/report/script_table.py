@@ -1,6 +1,7 @@
 """Rich rendering of a `commprof profile` report: the script's iterations split per rank and across ranks
 (the same tables as `commprof run`), its volume per op and group, each op's time (report/op_table.py), what
-ran outside every iteration, what ran unseen, and last the findings. Rendering only: it reads the document commprof/profile/results.py made.
+ran outside every iteration, what ran unseen, and last the findings. Rendering only: it reads the document
+commprof/profile/results.py made.
 Exercised by: `pytest tests/test_profile_cli.py` and `pytest tests/unit/test_help_text.py -k epoch`.
 """
 

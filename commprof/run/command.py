@@ -278,9 +278,10 @@ class _Run(lifecycle.Command):
         findings = with_figures(traced, doc)
         if findings is not None:
             doc["findings"] = findings
-            console.print(findings_text(findings), highlight=False)
         for table in run_tables(doc):
             console.print(table)
+        if findings is not None:  # after the tables, whose step it names
+            console.print(findings_text(findings), highlight=False)
         said = note(rank.env.get("contention"))
         if said:
             console.print(said, highlight=False)

@@ -76,9 +76,10 @@ def record(name: str) -> None:
 
 
 def refind(name: str) -> None:
-    """A traced profile fixture's findings made again from its recorded trace, where the analysis changed: the
-    JSON's findings block, the slices drawn in its trace.json and the findings atop its stdout.txt; the
-    measurements stay as the job wrote them."""
+    """A traced profile fixture's findings made again from its recorded trace, where the analysis (or how the
+    block is written) changed: the JSON's findings block, the slices drawn in its trace.json and the findings
+    after the tables of its stdout.txt, where a profile prints them (a fixture recorded when they came first has
+    them moved); the measurements stay as the job wrote them."""
     import io
     import json
 
@@ -97,7 +98,9 @@ def refind(name: str) -> None:
                                                                               highlight=False)
     printed = (folder / "stdout.txt").read_text()
     tables = printed[printed.index("commprof profile · "):]
-    (folder / "stdout.txt").write_text(buf.getvalue() + tables)
+    if "\nfindings" in tables:  # the block after the tables, as a profile prints it: made again
+        tables = tables[:tables.index("\nfindings") + 1]
+    (folder / "stdout.txt").write_text(tables + buf.getvalue())
     print(f"found again {name}")
 
 

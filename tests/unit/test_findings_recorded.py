@@ -4,6 +4,7 @@ the balanced step; the split by cause adds up; report prints and compares them a
 in tests/test_findings.py; here nothing is started."""
 
 import json
+import re
 
 import pytest
 
@@ -53,7 +54,8 @@ def test_the_slept_rank_is_the_straggler_at_the_delay_and_its_absence_the_balanc
     assert top["evidence"]["late_ops_priced_aligned"] == 0 and top["step_without_lower_bound"], top
     assert (f"step without it ≥ {top['step_ms_without']:.1f} ms (a lower bound: 0 % of the ops it made late met "
             "aligned in two warm-up iterations or more; a higher --warmup prices more)") in shown
-    assert shown.index("straggler") < shown.index("commprof profile")  # printed first, before the tables
+    # printed last, after the tables whose step it names
+    assert shown.index("commprof profile") < shown.index("findings, costliest first") < shown.index("straggler rank 1:")
 
 
 def test_a_balanced_job_names_no_straggler_or_imbalance(recorded):
@@ -142,7 +144,7 @@ def test_report_prints_the_saved_findings_again(recorded, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if "straggler" in x)
     printed = " ".join((folder / "stdout.txt").read_text().split())
     # the same words as the profile printed, however either output wrapped its lines
-    assert "rank 1 arrives last" in line and " ".join(line.split()) in printed
+    assert "rank 1: its peers wait" in line and " ".join(line.split()) in printed
 
 
 def test_report_of_two_runs_compares_their_findings_against_the_noise(recorded, capsys):
@@ -202,7 +204,7 @@ def test_a_bubble_beyond_the_schedules_tells_unequal_stages_from_latency():
     (f,) = bubble(block(540.0, [240.0, 480.0]), 540.0)
     assert (f["stage"], f["ms_per_step"], f["step_ms_without"]) == (0, 90.0, 450.0)
     assert (f["evidence"]["unequal_stages_ms"], f["evidence"]["other_ms"]) == (90.0, 0.0)
-    assert "90.0 of it from unequal stages" in findings_text({"threshold": 0.03, "items": [f]}).plain
+    assert "100 % of it from unequal stages" in findings_text({"threshold": 0.03, "items": [f]}).plain
     # equal stages whose hand-overs wait 20 ms a step beyond the schedule: latency, none of it unequal stages
     (f,) = bubble(block(320.0, [240.0, 240.0]), 320.0)
     assert (f["ms_per_step"], f["evidence"]["unequal_stages_ms"], f["evidence"]["other_ms"]) == (20.0, 0.0, 20.0)
@@ -220,7 +222,8 @@ def test_findings_of_a_contended_host_say_so(recorded):
     assert block["contended"] == {"others_cores": 1.4}
     text = " ".join(findings_text(block).plain.split())
     assert "measured while other processes used 1.4 core(s) of this host" in text
-    assert "95 % interval" in text
+    lo, hi = block["items"][0]["evidence"]["ms_per_step_ci95"]  # how sure: in the JSON's evidence, not the text
+    assert lo <= block["items"][0]["ms_per_step"] <= hi and "95 % interval" not in text
     quiet = {**doc, "env": {**doc["env"], "contention": {"contended": False, "others_cores": 0.1}}}
     assert "contended" not in with_figures(doc["findings"], quiet)
 
@@ -251,3 +254,45 @@ def test_a_long_jobs_what_if_replays_evenly_spaced_iterations_first_and_last_amo
     assert len(picked) == whatif.REPLAYED and picked[0] == 0 and picked[-1] == 999
     gaps = {b - a for a, b in zip(picked, picked[1:])}
     assert max(gaps) - min(gaps) <= 1
+
+
+MS_FIGURE = re.compile(r"\d+(?:\.\d+)? ms(?:/step)?\b")
+"""A figure in milliseconds as the findings write one: "20.7 ms/step", "9.5 ms"."""
+
+
+@pytest.mark.parametrize("name", ["slowed", "balanced", "per-param"])
+def test_each_finding_is_one_paragraph_with_a_hanging_indent_and_one_headline_figure(recorded, name):
+    # at 80 columns the findings wrapped to column 0, and a finding carried three to five ms figures
+    import io
+
+    from rich.console import Console
+
+    from commprof.report.findings_block import findings_text
+
+    indent, hang = 2, 16  # a finding's kind in 14 columns after 2; its text, and every line after its first, at 16
+    block = load(recorded(name))["findings"]
+    found = findings_text(block)
+    buf = io.StringIO()
+    Console(file=buf, width=80, color_system=None, force_terminal=False).print(found, highlight=False)
+    lines = buf.getvalue().rstrip("\n").splitlines()
+    assert lines[0].startswith("findings, costliest first") and all(len(x) <= 80 for x in lines), lines
+    assert all(x.startswith(" " * indent) for x in lines[1:]), lines  # nothing but the title at column 0
+    paragraphs: list[list[str]] = []
+    for x in lines[1:]:
+        if x[indent] != " ":  # a finding's kind, or a note's "(", opens a paragraph
+            paragraphs.append([x])
+        else:  # the rest continue it, under its text (a note's under the "(")
+            under = hang if paragraphs[-1][0][indent] != "(" else indent + 1
+            assert x.startswith(" " * under) and x[under] != " ", (x, paragraphs[-1])
+            paragraphs[-1].append(x)
+    kinds = [f["kind"] for f in block["items"]]
+    assert [p[0].split()[0] for p in paragraphs[:len(kinds)]] == kinds, paragraphs
+    assert len(paragraphs) == len(kinds) + 1 and paragraphs[-1][0].lstrip().startswith("(the step:")
+    plain = found.plain.splitlines()[1:]
+    for f, paragraph, line in zip(block["items"], paragraphs, plain):
+        text = " ".join(" ".join(paragraph).split())
+        assert text == " ".join(line.split())  # wrapping left out no word
+        headline, _, evidence = text.partition("; evidence: ")
+        assert MS_FIGURE.findall(headline) == [f"{f['ms_per_step']:.1f} ms/step"], headline
+        assert f"({f['share_of_step'] * 100:.0f} % of the step)" in headline, headline
+        assert len(MS_FIGURE.findall(evidence)) <= 1 and f"{f['step_ms_without']:.1f} ms" in evidence, evidence

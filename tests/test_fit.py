@@ -50,10 +50,12 @@ def test_run_and_profile_show_progress_on_a_terminal_only(tmp_path):
     assert code == 0 and shown.startswith("commprof profile: starting 2 rank(s) on gloo…"), shown[:300]
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # colours and cursor moves left out
     assert re.search(r"iteration \d+ \d+\.\d ms/iteration \d+:\d\d:\d\d", plain), plain[-2000:]
-    # --live: the last window's step time and top finding on the same line
-    # a contended window says so inside the line: "(contended: others used 0.88 core(s))"
-    live = r"live: steps \d+-\d+ \d+\.\d ms/step( \(contended: others used \d+\.\d+ core\(s\)\))? · "
+    # --live: once a window is combined the row is the live line, fitted to the terminal's 100 columns by
+    # priority (live/monitor.py's line): the iteration, then the top finding with its cost a step and since when
+    # ("iteration 15 · (contended) · exposed_comm all_reduce +1.7 ms/step (26%) since step 4"), or that none is
+    live = r"iteration \d+ · .*(\+\d+\.\d ms/step( \(\d+%\))? since( step)? \d+|no finding above 3 %)"
     assert re.search(live, plain), plain[-2000:]
+    assert max(len(line) for line in re.split(r"[\r\n]", plain) if "iteration" in line and " · " in line) <= 100
     # the script's own line goes above the progress line, on a line of its own, not onto it
     assert re.search(r'(^|[\r\n])\{"params": ', plain), plain[-2000:]
     # off a terminal nothing of it: tests/test_run_cli.py (a run whose stderr is a pipe)

@@ -222,7 +222,7 @@ class Live:
         if self.log is not None:
             self.log.write(job)
         if self.show is not None:
-            self.show(line(job))
+            self.show(lambda width, **loop: line(job, width, **loop))  # fitted to the row (report/progress.py)
 
     def _post_endpoint(self) -> None:
         """This host's endpoint, for rank 0 to list: where Prometheus reaches it from another host."""

@@ -15,7 +15,16 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 REFRESH_S = 0.5
 """The least time between two draws: a draw costs the training loop a little CPU."""
@@ -57,16 +66,35 @@ class StepProgress:
             self.progress.refresh()
             self.last = now
 
-    def say(self, text: str) -> None:
+    def say(self, text) -> None:
         """A line of the job's own beside the progress (a live job's last window: live/monitor.py), drawn now:
-        it comes from a thread of its own, once a window, maybe after the loop's last draw."""
-        if self.progress is not None:
+        it comes from a thread of its own, once a window, maybe after the loop's last draw. `text` may be a
+        call `text(width, iteration=, total=, eta_s=)` that makes the whole row in the terminal's width (the
+        live line: who costs the step first, then the iteration and the time left, then the rest)."""
+        if self.progress is None:
+            return
+        if callable(text):
+            self.progress.columns = (_Whole(text, self.progress.console),)
+        else:
             self.progress.update(self.task, live=text)
-            self.progress.refresh()
+        self.progress.refresh()
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+class _Whole(ProgressColumn):
+    """The row as one text that `compose` fits to the console's width, given the loop's iteration and ETA."""
+
+    def __init__(self, compose, console: Console) -> None:
+        super().__init__()
+        self.compose, self.console = compose, console
+
+    def render(self, task) -> Text:
+        eta = task.time_remaining if task.total else None
+        return Text(self.compose(self.console.width, iteration=int(task.completed), total=task.total, eta_s=eta),
+                    no_wrap=True, overflow="crop")
 
 
 def _same_terminal(a, b) -> bool:

@@ -86,6 +86,20 @@ def _run(commands: list[tuple[list[str], dict]], timeout: float, cwd: str | None
                                        "".join(e for _, e in texts))
 
 
+def read_terminal(master: int) -> bytes:
+    """All a pseudo-terminal's programs wrote to it, read from its `master` end until the last writer closed it."""
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the last writer closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown
+
+
 def kill_session(proc: subprocess.Popen) -> None:
     """Kill `proc` and everything it started (its session), and reap it."""
     try:

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from spawn import env_for_tests
+from spawn import env_for_tests, read_terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,15 +25,7 @@ def _on_a_terminal(argv: list[str], stdout_too: bool = False) -> tuple[int, str]
                             stdout=slave if stdout_too else subprocess.DEVNULL, stderr=slave,
                             env=env_for_tests(TERM="xterm", COLUMNS="100"))
     os.close(slave)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # the last writer closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
+    shown = read_terminal(master)
     os.close(master)
     return proc.wait(timeout=300), shown.decode(errors="replace")
 

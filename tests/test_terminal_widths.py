@@ -14,7 +14,7 @@ import tempfile
 import termios
 
 import pytest
-from spawn import env_for_tests, kill_session
+from spawn import env_for_tests, kill_session, read_terminal
 
 JOB = ["bench", "all_reduce", "--algo", "library,ring", "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
        "-d", "float32,bfloat16", "--nproc", "2", "--backend", "gloo"]
@@ -32,16 +32,8 @@ def on_a_terminal(argv: list[str], columns: int, rows: int = 40) -> tuple[int, s
         proc = subprocess.Popen([sys.executable, "-m", "commprof", *argv], stdin=subprocess.DEVNULL, stdout=slave,
                                 stderr=err, env=env, start_new_session=True)
         os.close(slave)
-        shown = b""
         try:
-            while True:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # the last writer closed the terminal
-                    break
-                if not chunk:
-                    break
-                shown += chunk
+            shown = read_terminal(master)
             code = proc.wait(timeout=240)
         finally:
             kill_session(proc)

@@ -60,12 +60,18 @@ PEERS_SHOWN = 8
 paragraph naming every peer was 16,000 lines)."""
 
 
+def per_peer(waits: dict) -> list[dict]:
+    """{rank: ms} as the JSON holds it: [{"rank", "ms"}] by rank — fields named, so a table reader (pandas) makes
+    rows of them, not a column per rank id."""
+    return [{"rank": int(r), "ms": ms} for r, ms in sorted(waits.items(), key=lambda kv: int(kv[0]))]
+
+
 def top_peers(waits: dict) -> dict:
     """A straggler's evidence of its peers' waits {rank: ms}: the PEERS_SHOWN longest by name
-    (`peers_wait_ms`), and `peers` (how many, the median and the least wait) for all of them."""
+    (`peers_wait_ms`, per_peer's form), and `peers` (how many, the median and the least wait) for all of them."""
     shown = sorted(waits.items(), key=lambda kv: (-kv[1], kv[0]))[:PEERS_SHOWN]
     values = sorted(waits.values())
-    return {"peers_wait_ms": dict(sorted(shown)),
+    return {"peers_wait_ms": per_peer(dict(shown)),
             "peers": {"count": len(values), "median_wait_ms": median(values), "least_wait_ms": values[0]
                       if values else 0.0}}
 
@@ -236,7 +242,7 @@ def by_rank(a: Analysis) -> list[dict]:
     """Each rank's step split by cause (medians over the measured iterations): its own time, its waits for
     each peer, its exposed transfer, and its wall — what the causes plot draws (report/cause_plot.py)."""
     return [{"rank": r.rank, "wall_ms": r.wall_ms, "busy_ms": r.busy_ms, "transfer_ms": r.transfer_ms,
-             "waiting_ms": {str(k): v for k, v in r.waiting_ms.items()}} for r in a.ranks]
+             "waiting_ms": per_peer(r.waiting_ms)} for r in a.ranks]
 
 
 def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | None = None) -> dict:

@@ -33,7 +33,7 @@ import statistics
 
 import numpy as np
 
-from commprof.findings.kinds import LINK_MIN_US, LINK_SHARE, PEERS_SHOWN, THRESHOLD
+from commprof.findings.kinds import LINK_MIN_US, LINK_SHARE, PEERS_SHOWN, THRESHOLD, per_peer
 from commprof.live.window import split_key
 from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
@@ -97,7 +97,7 @@ def _straggler(ranks: list[dict], step_ms: float, threshold: float) -> list[dict
     for k in late:
         w = ranks[k]
         shown = [j for j in longest if j != k][:PEERS_SHOWN]
-        peers = {"peers_wait_ms": {ranks[j]["rank"]: max(0.0, waited[j] - waited[k]) for j in sorted(shown)},
+        peers = {"peers_wait_ms": per_peer({ranks[j]["rank"]: max(0.0, waited[j] - waited[k]) for j in shown}),
                  "peers": {"count": len(ranks) - 1, "median_wait_ms": max(0.0, others_blocked[k] - waited[k]),
                            "least_wait_ms": max(0.0, float(np.min(np.delete(waited, k))) - waited[k])}}
         out.append(_finding("straggler", float(ms[k]), step_ms, rank=w["rank"], host=w["host"], evidence={

@@ -24,7 +24,7 @@ import statistics
 
 import numpy as np
 
-from commprof.findings.kinds import PEERS_SHOWN, THRESHOLD
+from commprof.findings.kinds import PEERS_SHOWN, THRESHOLD, per_peer
 from commprof.live import combine as one
 from commprof.stats import median_ci
 
@@ -151,7 +151,7 @@ def _straggler(parts: list[dict], step_ms: float, threshold: float) -> list[dict
         peers = [(r, v) for r, v in most if r != c["rank"]][:PEERS_SHOWN]
         lowest = next(v for r, v in least if r != c["rank"]) if len(least) > 1 else c["blocked_ms"]
         out.append(one._finding("straggler", ms, step_ms, rank=c["rank"], host=c["host"], evidence={
-            "peers_wait_ms": {r: max(0.0, v - c["blocked_ms"]) for r, v in sorted(peers)},
+            "peers_wait_ms": per_peer({r: max(0.0, v - c["blocked_ms"]) for r, v in peers}),
             "peers": {"count": sum(p["ranks"] for p in parts) - 1,
                       "median_wait_ms": max(0.0, blocked_median - c["blocked_ms"]),
                       "least_wait_ms": max(0.0, lowest - c["blocked_ms"])},

@@ -12,15 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from commprof.report.figures import color, figure
+from commprof.report.findings_block import waits_of
 
 SIZE = (7.0, 4.0)
 
 
 def segments(by_rank: list[dict]) -> dict[str, list[float]]:
     """Segment name -> ms per rank, bottom first; a segment no rank has is left out."""
-    peers = sorted({k for r in by_rank for k in r["waiting_ms"]}, key=int)
+    waits = [waits_of(r["waiting_ms"]) for r in by_rank]
+    peers = sorted({k for w in waits for k in w})
     out = {"own time": [r["busy_ms"] for r in by_rank]}
-    out.update({f"waiting for rank {k}": [r["waiting_ms"].get(k, 0.0) for r in by_rank] for k in peers})
+    out.update({f"waiting for rank {k}": [w.get(k, 0.0) for w in waits] for k in peers})
     out["transfer"] = [r["transfer_ms"] for r in by_rank]
     out["other"] = [max(0.0, r["wall_ms"] - sum(v[i] for v in out.values())) for i, r in enumerate(by_rank)]
     return {name: values for name, values in out.items() if any(v > 0 for v in values)}

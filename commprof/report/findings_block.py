@@ -164,7 +164,7 @@ def _evidence(f: dict) -> str:
                     else "late by each rank's own and blocked time a step")
         if e.get("others_busy_ms"):
             said.append(f"its own time {e['busy_ms'] / e['others_busy_ms']:.1f}× the others'")
-        peers = sorted(e.get("peers_wait_ms", {}).items(), key=_rank)
+        peers = sorted(waits_of(e.get("peers_wait_ms")).items())
         more = (e.get("peers") or {}).get("count", 0) - len(peers)
         if more > 0:  # the longest waits are named; the rest in one figure, at any world size
             longest = max((w for _, w in peers), default=0.0)
@@ -213,6 +213,14 @@ def _bound(f: dict) -> str:
     priced = f["evidence"].get("late_ops_priced_aligned", 0.0)
     return (f" (a lower bound: {priced * 100:.0f} % of the ops it made late met aligned in two warm-up iterations "
             "or more; a higher --warmup prices more)")
+
+
+def waits_of(value) -> dict[int, float]:
+    """Per-peer waits as {rank: ms}, from the JSON's [{"rank", "ms"}] or from the {"rank": ms} a file written
+    before that form holds."""
+    if isinstance(value, dict):
+        return {int(r): ms for r, ms in value.items()}
+    return {int(p["rank"]): p["ms"] for p in value or ()}
 
 
 def _rank(item) -> int:

@@ -38,6 +38,8 @@ PROMISES: dict[str, list[tuple]] = {
                  ("rows", 1, "predicted_saving_ms"), ("rows", 1, "measured_saving_ms"), ("rows", 2, "error_ms"),
                  ("rows", 2, "bound_ms")],
     "flight_overhead": [(0, "extra_us"), (0, "extra_ci95_us")],
+    "fr_cost": [("on_over_off", "ratio"), ("on_over_off", "ci95"), ("fast", "on_over_off", "ratio"),
+                ("per_op", "extra_us"), ("per_op", "extra_ci95_us"), ("record", "agree_every_job")],
     "gpu_checks": [("steps", "straggler")],
     "gpu_truth": [("timing", 0, "rows", 0, "ratio"), ("timing", 0, "wall_ratio", "ratio"), ("split", 0, "error"),
                   ("run", "plain", "wait_per_step", "ratio")],

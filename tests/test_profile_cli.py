@@ -372,3 +372,56 @@ def test_the_op_times_follow_the_volume_table_and_the_findings_every_table(tmp_p
         assert r["payload_bytes"] == v["payload_bytes_per_step"] * measured, (r, v)
         assert 0 < r["min_us"] <= r["median_us"] <= r["p99_us"] <= r["max_us"] and r["rank"] == 0, r
         assert key(r["op"], r["group"]) in out[ops:last_table] and f" {r['count']} " in out[ops:last_table]
+
+
+CPP_ALLREDUCE = """
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+dist.init_process_group()
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+pg = c10d._get_default_group()
+bor = dist.AllreduceOptions()
+bor.reduceOp = dist.ReduceOp.BOR
+for step in range(6):
+    model(torch.ones(2, 4)).sum().backward()
+    pg.allreduce([torch.ones(250)]).wait()                         # C++: the backend commprof puts in front sees it
+    pg.allreduce([torch.ones(75, dtype=torch.int32)], bor).wait()  # C++, a reduction commprof has no form for
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_torch_record_counts_the_cpp_calls_commprof_could_not(tmp_path):
+    # torch's flight record of rank 0 holds every all_reduce of the measured iterations: the one commprof's backend
+    # routed (torch 2.12 on) and the bitwise one it has no form for, which only the record counts
+    doc, proc = profiled(tmp_path, CPP_ALLREDUCE, 2)
+    record, measured = doc["torch_record"], doc["steps"]["measured"]
+    assert record["buffer_size"] > 0 and record["set_by"] == "commprof" and not record["wrapped"]
+    assert record["iterations"] == record["measured"] == measured == 2
+    routed = seen.Backend is not None  # torch 2.11 and earlier put nothing of commprof's in front of gloo
+    assert volume(doc) == ({"all_reduce": (1, 1000)} if routed else {})
+    only = (1, 300) if routed else (2, 1300)
+    got = record["volume"]["all_reduce"]
+    assert (got["calls_per_step"], got["payload_bytes_per_step"]) == only and list(record["volume"]) == ["all_reduce"]
+    (row,) = record["rows"]
+    assert (row["record_calls"], row["record_payload_bytes"]) == (2 * measured, 1300 * measured)
+    assert row["status"] == ("record more" if routed else "record only") and not record["agree"]
+    table = proc.stdout[proc.stdout.index("transfer volume"):]
+    shown = next(line for line in table.splitlines() if "all_reduce *" in line)
+    assert ("300 B" if routed else "1.3 KiB") in shown, table
+    assert "counted from torch's flight record of rank 0" in table
+    if routed:  # the bitwise all_reduce is unseen: rank 0's measured ones are the record's, the rest neither's
+        assert doc["unseen"] == {"allreduce": 2 * 6} and record["in_neither"] == {"allreduce": 2 * 6 - measured}
+
+
+def test_torch_record_agrees_with_every_count_of_a_ddp_script(tmp_path):
+    doc, _ = profile(tmp_path, "--nproc", "2", script="ddp_train.py", script_args=("--steps", "6"))
+    record, measured = doc["torch_record"], doc["steps"]["measured"]
+    assert record["iterations"] == measured == 2 and record["agree"] and record["volume"] == {}
+    assert {r["key"]: (r["record_calls"], r["record_payload_bytes"]) for r in record["rows"]} == \
+        {key: (v["calls_per_step"] * measured, v["payload_bytes_per_step"] * measured)
+         for key, v in doc["volume"].items()}
+    assert all(r["status"] == "agree" for r in record["rows"]) and record["in_neither"] == {}

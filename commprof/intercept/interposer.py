@@ -72,6 +72,20 @@ class Interposer(PointToPoint):
         self._comms[id(pg)] = (pg, comm)
         return comm
 
+    def group_names(self) -> dict[str, tuple[str, int]]:
+        """torch's name of each of the script's live process groups (what its flight record names them by) ->
+        (the label its ops are counted under, its size)."""
+        default, out = _WORLD._default_pg, {}
+        for pg in list(_WORLD.pg_map):
+            try:
+                ranks = c10d.get_process_group_ranks(pg)
+            except (RuntimeError, ValueError, KeyError):
+                continue
+            out[pg.group_name] = ("world" if pg is default else _label(ranks), len(ranks))
+        for pg, comm in list(self._comms.values()):
+            out[pg.group_name] = (comm.label, comm.world_size)
+        return out
+
     def adopt(self, comm: TorchComm, group=None) -> None:
         """Use `comm`, a strategy's own Comm over process group `group` (None: the default group), for
         that group's calls: its label and op log."""

@@ -13,6 +13,10 @@ the script's exception or its non-zero exit is claimed on a control plane beside
 the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
 the rank that failed first speaks for the job — its traceback from the script's frames down (exit 1), or its
 exit status. Rank 0 keeps what it measured: its iterations so far, printed and in --json, marked incomplete.
+
+torch's flight record is on in every rank (TORCH_FR_BUFFER_SIZE, unless the user sized it); rank 0 stamps the wall
+clock at each measured iteration's begin and end and reads its record once, after the last, for the report to set
+against what commprof counted (torch_record.py).
 Exercised by: `pytest tests/test_profile_cli.py tests/test_profile_failures.py`.
 """
 
@@ -22,6 +26,8 @@ import os
 import resource
 import runpy
 import sys
+import time
+from collections import deque
 from datetime import timedelta
 
 import torch
@@ -38,7 +44,7 @@ from commprof.intercept import Interception
 from commprof.kept import Kept
 from commprof.lifecycle import RankLife
 from commprof.live import monitor
-from commprof.profile import ending, rendezvous
+from commprof.profile import ending, rendezvous, torch_record
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.contention import note
 from commprof.record.recorder import OpRecorder
@@ -103,6 +109,15 @@ class Session:
         self.interposer, self.tracker = self.caught.interposer, self.caught.tracker
         self.interposer.fault = self.tracker.fault = fault
         self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
+        self.record_size = torch_record.turn_on(os.environ)
+        """torch's flight record of every collective, on before the script makes its groups (torch_record.py)."""
+        self.spans: deque[list] = deque(maxlen=max(1, self.record_size["buffer_size"]))
+        """rank 0: [begin, end, unseen calls inside or None] of the last measured iterations, wall clock (torch's
+        record's clock): no more than the ring's entries, the most iterations it can hold an op of each of."""
+        self.record: dict | None = None
+        """rank 0: its record tallied over the measured iterations once gathered (or why there is none)."""
+        if world.rank == 0 and self.record_size["buffer_size"]:
+            self._stamp_iterations()
         self._saved = (dist.init_process_group, dist.destroy_process_group, c10d.init_process_group,
                        c10d.destroy_process_group)
         # both names: a library may call distributed_c10d's (one that imported it earlier holds torch's own, and
@@ -155,6 +170,48 @@ class Session:
             self.kept = kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
             rank.on_failure(kept.abandon)
             self.tracker.on_end = kept.update
+
+    def _stamp_iterations(self) -> None:
+        """The wall clock at each measured iteration's begin and end, and the unseen calls made inside it: the
+        tracker's begin and end, wrapped on this one instance (two stamps an iteration; a begin already open
+        returns at once, as the tracker's own does)."""
+        t, unseen, spans = self.tracker, self.interposer.unseen, self.spans
+        begin, end = t.begin, t.end
+
+        def stamped_begin() -> None:
+            if not t.open and t.index >= t.warmup:
+                spans.append([time.time_ns(), None, dict(unseen) if unseen else None])
+            begin()
+
+        def stamped_end() -> None:
+            measured = t.open and t.index >= t.warmup
+            end()
+            if measured and spans and spans[-1][1] is None:
+                last = spans[-1]
+                last[1] = time.time_ns()
+                if unseen:
+                    before = last[2] or {}
+                    last[2] = {k: n - before.get(k, 0) for k, n in unseen.items() if n != before.get(k, 0)} or None
+                if t.keep is not None and len(spans) > t.keep:  # --live keeps the last iterations only
+                    spans.popleft()
+
+        t.begin, t.end = stamped_begin, stamped_end
+
+    def _read_record(self) -> dict:
+        """Rank 0's record, read once the measured iterations are over (a dump pickles the whole ring), tallied
+        over them (torch_record.tally); or why there is none."""
+        info = dict(self.record_size)
+        if not info["buffer_size"]:
+            return {**info, "why": f"off: {info['set_by']}=0"}
+        if not self.tracker.volumes:
+            return {**info, "why": "no measured iteration"}
+        spans = [s for s in self.spans if s[1] is not None][-len(self.tracker.volumes):]  # the last, one to one
+        try:
+            dump = torch_record.read()
+        except (ImportError, RuntimeError, ValueError) as exc:
+            return {**info, "why": f"torch's record could not be read: {exc}"}
+        tallied = torch_record.tally(dump, [(b, e) for b, e, _ in spans], self.interposer.group_names())
+        return {**info, "tallied": tallied, "unseen_steps": [u or {} for _, _, u in spans]}
 
     def _own_store(self) -> bool:
         """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
@@ -268,6 +325,8 @@ class Session:
     def gather(self) -> None:
         """Every rank's figures to rank 0 over the script's default group, while it still exists."""
         self.tracker.finish()
+        if self.world.rank == 0:
+            self.record = self._read_record()
         if self.kept is not None:  # no snapshot after this: the report replaces the file
             self.kept.close()
         if self.live is not None:
@@ -294,7 +353,8 @@ class Session:
 
         if self.life.rank.contention is not None:
             env["contention"] = self.life.rank.contention.read()
-        doc = combine(self.cfg, results, env, trace_dir=self.life.folder.path if self.life.folder else None)
+        doc = combine(self.cfg, results, env, trace_dir=self.life.folder.path if self.life.folder else None,
+                      record=self.record)
         from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
 

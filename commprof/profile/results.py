@@ -5,8 +5,10 @@ Per rank: the median over measured iterations of each figure, as `commprof run` 
 ranks: avg, min, max, slowest rank, skew. Volume: rank 0's mean per measured iteration, per op and group
 ("all_reduce", "send (ranks0-1)"), and per epoch (--steps-per-epoch, else every iteration the script ran);
 ops outside every iteration (set-up, evaluation after the last step) are counted apart. Op times: rank 0's own ops
-of the measured iterations, read back from its trace file, a row per op and group (report/op_table.py).
-Exercised by: `pytest tests/test_profile_cli.py tests/unit/test_op_table.py`.
+of the measured iterations, read back from its trace file, a row per op and group (report/op_table.py). torch's
+record: rank 0's flight record of the same iterations beside commprof's counts, and the ops only it holds
+(profile/torch_record.py).
+Exercised by: `pytest tests/test_profile_cli.py tests/unit/test_op_table.py tests/unit/test_torch_record.py`.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from pathlib import Path
 
 from commprof.errors import UsageError
 from commprof.perfmodel.timeline import from_ranks
+from commprof.profile.torch_record import reconcile
 from commprof.record.figures import mean_volume, time_row, time_summary
 from commprof.record.merge import load
 from commprof.record.volume import volume_table
 from commprof.report.op_table import op_time_rows
 
 
-def combine(cfg, results: list[dict], env: dict, *, trace_dir: str | None = None) -> dict:
+def combine(cfg, results: list[dict], env: dict, *, trace_dir: str | None = None, record: dict | None = None) -> dict:
     """Every rank's result (rank 0's op log and trace for the volume and the op times) as the report document;
     `trace_dir`: the folder rank 0 traced into, whose rank0.trace.json gives "op_times" (None: no trace, no
-    op times, as in a --live job without --trace)."""
+    op times, as in a --live job without --trace); `record`: rank 0's flight record tallied over its measured
+    iterations (profile/rank.py), set against commprof's counts as "torch_record" (torch_record.reconcile)."""
     results = sorted(results, key=lambda r: r["rank"])
     first = results[0]
     # a script's rank holds what its process holds: nothing says which bytes are parameters
@@ -53,7 +57,7 @@ def combine(cfg, results: list[dict], env: dict, *, trace_dir: str | None = None
              "per_epoch": per_epoch}
     if steps["measured"] > len(first["iterations"]):  # --live keeps the last live/monitor.KEEP
         steps["kept"] = len(first["iterations"])
-    return {
+    doc = {
         "env": env,
         "config": dataclasses.asdict(cfg),
         "steps": steps,
@@ -64,6 +68,21 @@ def combine(cfg, results: list[dict], env: dict, *, trace_dir: str | None = None
         "unseen": dict(unseen),
         **({"op_times": op_times(trace_dir, env.get("world_size", len(results)))} if trace_dir else {}),
     }
+    if record is not None:
+        doc["torch_record"] = with_record(record, first["volume_steps"], env, per_epoch, dict(unseen))
+    return doc
+
+
+def with_record(record: dict, steps: list[dict], env: dict, per_epoch: int, unseen: dict) -> dict:
+    """The report's "torch_record" block: the ring's size and who set it, then rank 0's record set against
+    commprof's counts of the same iterations, or why there is none."""
+    head = {"buffer_size": record["buffer_size"], "set_by": record["set_by"]}
+    if "tallied" not in record:
+        return {**head, "why": record.get("why", "not read")}
+    if not record["tallied"]["entries"]:  # a backend that keeps none (MPI's): nothing to set against commprof's
+        return {**head, "why": f"torch's record holds no op of this job's groups (backend {env.get('backend')})"}
+    return {**head, **reconcile(record["tallied"], steps, backend=str(env.get("backend", "")),
+                                steps_per_epoch=per_epoch, unseen=unseen, unseen_steps=record["unseen_steps"])}
 
 
 def op_times(trace_dir: str, world_size: int) -> list[dict]:

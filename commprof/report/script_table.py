@@ -1,7 +1,8 @@
 """Rich rendering of a `commprof profile` report: the script's iterations split per rank and across ranks
-(the same tables as `commprof run`), its volume per op and group, each op's time (report/op_table.py), what
-ran outside every iteration, what ran unseen, and last the findings. Rendering only: it reads the document
-commprof/profile/results.py made.
+(the same tables as `commprof run`), its volume per op and group — with the ops only torch's flight record
+holds, marked, and what that record says of the rest under it — each op's time (report/op_table.py), what
+ran outside every iteration, what ran unseen (in neither count, where the record was read), and last the
+findings. Rendering only: it reads the document commprof/profile/results.py made.
 Exercised by: `pytest tests/test_profile_cli.py` and `pytest tests/unit/test_help_text.py -k epoch`.
 """
 
@@ -42,13 +43,63 @@ def volume_table(doc: dict) -> Narrowing:
     table = Table(title=f"transfer volume per rank ({title})", title_justify="left")
     for label in ("op", "calls/iteration", "payload/iteration", "wire/iteration", f"payload/{span}", f"wire/{span}"):
         table.add_column(label, justify="left" if label == "op" else "right")
-    for name, v in doc["volume"].items():
+    record = doc.get("torch_record") or {}
+    rows = [(name, v) for name, v in doc["volume"].items()]
+    rows += [(f"{name} {MARK}", v) for name, v in (record.get("volume") or {}).items()]
+    for name, v in rows:
         table.add_row(name, f"{v['calls_per_step']:g}", format_bytes(v["payload_bytes_per_step"]),
-                      format_bytes(v["wire_bytes_per_step"]), format_bytes(v["bytes_per_epoch"]),
-                      format_bytes(v["wire_bytes_per_epoch"]))
-    if not doc["volume"]:
+                      _bytes(v["wire_bytes_per_step"]), format_bytes(v["bytes_per_epoch"]),
+                      _bytes(v["wire_bytes_per_epoch"]))
+    if not rows:
         table.add_row("(none)", "0", "0 B", "0 B", "0 B", "0 B")
+    said = record_note(record)
+    if said:
+        table.caption, table.caption_justify = said, "left"
     return Narrowing(table, (f"wire/{span}", f"payload/{span}"))
+
+
+MARK = "*"
+"""After an op in the volume table: counted from torch's flight record, not by commprof."""
+
+
+def _bytes(n) -> str:
+    """A byte count, or "?" where the measurement model has no wire bytes for the op (gather, scatter)."""
+    return "?" if n is None else format_bytes(n)
+
+
+def record_note(record: dict) -> str | None:
+    """What torch's record of rank 0 says of the volume table: the ops it counted (marked), whether every other
+    count is the record's too, and over how many iterations; None when the job has no record (an older JSON)."""
+    if not record:
+        return None
+    if "rows" not in record:
+        return f"torch's flight record: none ({record.get('why', 'not read')})"
+    n, measured = record["iterations"], record["measured"]
+    span = (f"its {n} measured iterations" if n == measured
+            else f"the last {n} of {measured} measured iterations (its ring of {record['buffer_size']:,} ops reaches "
+                 "back no further)")
+    lines = []
+    if record.get("volume"):
+        lines.append(f"{MARK} counted from torch's flight record of rank 0: calls commprof did not count (a C++ call, "
+                     "a form commprof cannot route)")
+    differ = [r for r in record["rows"] if r["status"] in ("differ", "commprof only") and "why" not in r]
+    if differ:
+        lines.append("differs from torch's record: " + "; ".join(
+            f"{r['key']} {r['commprof_calls']:,} calls, {format_bytes(r['commprof_payload_bytes'])} counted, "
+            f"{r['record_calls']:,} calls, {format_bytes(r['record_payload_bytes'])} recorded" for r in differ))
+    rows = record["rows"]
+    said = f"torch's record of rank 0 over {span}: it holds {'the other calls' if differ else 'every call'} commprof "
+    said += "counted"
+    missing: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] == "commprof only" and "why" in r:
+            missing.setdefault(r["why"], []).append(r["key"])
+    said += "".join(f" but {', '.join(keys)} ({why})" for why, keys in missing.items())
+    more = [r["key"] for r in rows if r["status"] in ("record more", "record only")]
+    if more:
+        said += f", and more ({MARK}): {', '.join(more)}"
+    lines.append(said)
+    return "\n".join(lines)
 
 
 def outside_table(doc: dict) -> Table | None:
@@ -77,7 +128,13 @@ def summary_text(doc: dict) -> Text:
     elif steps["measured"] == 0:
         text.append("\nno measured iteration: no optimizer stepped (nor commprof.step()) after the warm-up",
                     style="bold yellow")
-    if doc["unseen"]:
+    record = doc.get("torch_record") or {}
+    if "in_neither" in record:  # what torch's record of rank 0 holds is counted from it (the volume table)
+        if record["in_neither"]:
+            calls = ", ".join(f"{name} ×{n}" for name, n in sorted(record["in_neither"].items()))
+            text.append(f"\nunseen (in neither commprof's count nor torch's record of rank 0's measured iterations; "
+                        f"all ranks): {calls}", style="bold yellow")
+    elif doc["unseen"]:
         calls = ", ".join(f"{name} ×{n}" for name, n in sorted(doc["unseen"].items()))
         text.append(f"\nunseen (ran as torch's own, neither timed nor counted; all ranks): {calls}",
                     style="bold yellow")

@@ -24,8 +24,9 @@ def said(what):
     sys.exit(0)
 signal.signal(signal.SIGINT, lambda *_: said("SIGINT"))
 signal.signal(signal.SIGTERM, lambda *_: said("SIGTERM"))
-with open(out + ".started", "w") as f:
+with open(out + ".starting", "w") as f:
     f.write(f"{os.getsid(0)} {os.getppid()}")
+os.replace(out + ".starting", out + ".started")  # whole when it appears: the test reads it once it exists
 time.sleep(60)
 """
 

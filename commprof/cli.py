@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -125,7 +126,7 @@ def call(func, args: argparse.Namespace) -> int:
     except CommprofError as exc:
         if isinstance(exc, PeerError):
             job.defer_to_launcher()
-        _fail(exc.exit_code, f"{exc}", rank)  # rank-specific: already names the rank
+        _fail(exc.exit_code, f"{exc}", rank, kill_after=getattr(exc, "kill_after", None))  # names its rank
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:  # `commprof … | head`: the reader has all it wanted
@@ -143,10 +144,16 @@ def _int(rank: str | None) -> int | None:
     return int(rank) if rank is not None and rank.isascii() and rank.isdigit() else None
 
 
-def _fail(code: int, message: str, rank: str | None) -> None:
-    """A rank's own failure: said if it is the job's first, then exit at once."""
+def _fail(code: int, message: str, rank: str | None, kill_after: int | None = None) -> None:
+    """A rank's own failure: said if it is the job's first, then exit at once. `kill_after`: a stopped
+    peer's pid, the cause, killed only after the line is out."""
     if job.claim(code, message, _int(rank)):
         _say(message, None)
+    if kill_after is not None:
+        try:
+            os.kill(kill_after, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
     _exit_now(code)
 
 

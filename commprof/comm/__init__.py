@@ -10,7 +10,6 @@ Backends: gloo and nccl through torch.distributed, mpi through mpi4py. Exercised
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import tempfile
@@ -166,9 +165,12 @@ def _init_torch(world: World, backend: str, timeout_s: float, device: str) -> Co
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         stopped = job.stopped_sibling(os.getpid())
         if stopped is not None:  # a peer beside it stopped before its own guard began: it is the cause
-            os.kill(stopped[0], signal.SIGKILL)  # a launcher's SIGTERM never reaches it (torchrun's grace: 30 s)
-            raise PeerError(f"rank {stopped[1]} was stopped (SIGSTOP) during start-up and did not resume within "
-                            f"{timeout_s:g} s (--timeout)") from None
+            error = PeerError(f"rank {stopped[1]} was stopped (SIGSTOP) during start-up and did not resume within "
+                              f"{timeout_s:g} s (--timeout)")
+            # killed once the line is said (cli.call): a launcher's SIGTERM never reaches it (torchrun's grace
+            # is 30 s), and a launcher seeing it die first would end this rank before it speaks
+            error.kill_after = stopped[0]
+            raise error from None
         raise PeerTimeoutError(f"rank {world.rank}: rendezvous at {addr}:{port} with {world.world_size} ranks "
                                f"failed within {timeout_s:g} s (--timeout): {first}") from None
     comm.timeout_s = timeout_s

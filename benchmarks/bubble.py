@@ -40,9 +40,9 @@ QUICK = {"stages": 2, "steps": 1, "fwd_ms": 1.0, "bwd_ms": 2.0}
 def worker(args) -> None:
     import numpy as np
 
+    from commprof.base.world import discover
     from commprof.comm import end_process, init_comm
     from commprof.run.calibrated import calibrated_bubble
-    from commprof.world import discover
 
     comm = init_comm(discover(), backend="gloo", timeout_s=300)
     rows = []

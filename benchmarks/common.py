@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from commprof.stats import median_ci
+from commprof.base.stats import median_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -170,7 +170,7 @@ def ranks(argv: list[str], nproc: int = NPROC, *, env: dict | None = None, timeo
           what: str) -> list[str]:
     """`argv` as `nproc` local ranks with torchrun's variables (env:// rendezvous on 127.0.0.1, one
     intra-op thread each); each rank's stdout. See run_all."""
-    from commprof.backends import free_port
+    from commprof.base.backends import free_port
 
     base = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
@@ -203,8 +203,8 @@ def env_record(argv: list[str], nproc: int = NPROC) -> dict:
     """Versions, cores, command and date, as `commprof run` reports them, for `nproc` gloo ranks on this host."""
     import torch
 
-    from commprof.report.env import local_env, merge_env
-    from commprof.world import usable_cores
+    from commprof.base.env import local_env, merge_env
+    from commprof.base.world import usable_cores
 
     env = merge_env([local_env(torch.device("cpu"))], backend="gloo", world_size=nproc, local_world_size=nproc,
                     slots=usable_cores(), oversubscribed=nproc > usable_cores(), launcher="benchmark", clock="cpu",

@@ -70,7 +70,7 @@ def bench(backend: str, out: Path, max_bytes: str, *, loopback: bool = False) ->
         on_hosts([(HOSTS[0], ["taskset", "-c", every, sys.executable, "-m", "commprof", *args, "--nproc", "2"])],
                  f"bench on {backend}, one host")
     elif backend == "mpi":
-        from commprof.launch import find_mpiexec
+        from commprof.launcher.launch import find_mpiexec
 
         on_hosts([(HOSTS[0], [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS),
                               "-n", "2", "-ppn", "1", sys.executable, "-m", "commprof", *args])], "bench on mpi")

@@ -1,8 +1,8 @@
 """What the flight recorder and the fault hook cost per op: `Comm._call` as shipped against the same
 method without them, on the MPI path, side by side in one process.
 
-The flight recorder (comm/flight.py) appends one tuple per op to a ring and advances the group's seq; the
-fault hook (comm/faults.py) is one attribute test. Both stay on by default, so their cost is paid by
+The flight recorder (comm/failure/flight.py) appends one tuple per op to a ring and advances the group's seq; the
+fault hook (comm/failure/faults.py) is one attribute test. Both stay on by default, so their cost is paid by
 every op of every run. `without` below is a Comm whose `_call` is the shipped one minus those lines
 (kept here as the reference); both run the same in-place 8-byte all_reduce N times per round through
 the real MpiComm, rounds alternating which goes first. A 1-rank MPI world isolates the per-op cost from
@@ -14,7 +14,7 @@ extra = the median over rounds of (with − without), with its 95 % CI (benchmar
 --quick: 1 rank, 2 rounds of 200 ops; seconds, to see that it runs.
 
 A third arm, `file`, is the shipped Comm with its ring also kept in a job folder, as under commprof's
-launcher (comm/ring_file.py: what a rank killed by its backend last called): its cost is file − with.
+launcher (comm/failure/ring_file.py: what a rank killed by its backend last called): its cost is file − with.
 
 Target: ≤ 0.3 µs per op; the ring file ≤ 0.5 µs more. Results: benchmarks/README.md.
 """
@@ -33,7 +33,7 @@ from common import job, median_ci, order, parse, parser
 
 TARGET_US = 0.3
 FILE_TARGET_US = 0.5
-"""The ring kept in the job folder too (comm/ring_file.py, under commprof's launcher): one struct write into
+"""The ring kept in the job folder too (comm/failure/ring_file.py, under commprof's launcher): one struct write into
 shared memory per op, ≤ 0.5 µs beside an op that costs tens of µs on gloo."""
 QUICK = {"rounds": 2, "iters": 200, "nproc": "1"}
 """--quick: 1 rank, 2 rounds of 200 ops."""
@@ -43,10 +43,10 @@ def worker(rounds: int, iters: int) -> None:
     import torch
     from mpi4py import MPI
 
-    from commprof.comm import ring_file
+    from commprof.base.errors import CommprofError
+    from commprof.base.measurement import P2P
+    from commprof.comm.failure import ring_file
     from commprof.comm.mpi_comm import MpiComm
-    from commprof.errors import CommprofError
-    from commprof.measurement import P2P
     from commprof.record.annotate import ANNOTATOR
     from commprof.record.clock import CpuClock
 
@@ -111,7 +111,7 @@ def main() -> int:
     if args.worker:
         worker(args.rounds, args.iters)
         return 0
-    from commprof.launch import find_mpiexec
+    from commprof.launcher.launch import find_mpiexec
 
     rows = []
     for n in (int(v) for v in args.nproc.split(",")):

@@ -56,7 +56,7 @@ def measure(turns: int) -> dict:
     import torch
     from torch.distributed import distributed_c10d as c10d
 
-    from commprof.backends import free_port
+    from commprof.base.backends import free_port
     from commprof.intercept.interposer import Interposer
     from commprof.record.clock import CpuClock
     from commprof.record.recorder import OpRecorder

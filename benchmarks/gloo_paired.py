@@ -101,7 +101,7 @@ def path_ns(comm, nbytes: int, dtype, calls: int = 2000) -> float:
 def shim() -> None:
     """Run the commprof command after `commprof` in argv, each point measured in paired blocks."""
     from commprof.bench import runner
-    from commprof.cli import entry
+    from commprof.cli.main import entry
 
     measure, blocks, out = runner.measure, int(os.environ[BLOCKS_ENV]), Path(os.environ[OUT_ENV])
     now = time.perf_counter_ns
@@ -208,7 +208,7 @@ def print_table(rows: list[dict], blocks: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from commprof.report.units import format_bytes
+    from commprof.base.units import format_bytes
 
     table = Table(title=f"commprof bench vs the bare torch.distributed call, gloo, 2 ranks, in commprof's own "
                         f"ranks: {blocks} blocks of interleaved calls, mean over ranks",

@@ -792,7 +792,7 @@ def environment(args) -> dict:
 def quick(argv: list[str]) -> None:
     """`--quick --json PATH`, as every benchmark takes it: the straggler step alone on a GPU, its record written
     to PATH; without a CUDA GPU, one line and exit 77 (benchmarks/common.py's SKIP)."""
-    from commprof.backends import cuda_devices
+    from commprof.base.backends import cuda_devices
 
     if not cuda_devices():
         sys.exit(print("gpu_checks: no CUDA GPU is visible: it runs on a GPU machine "

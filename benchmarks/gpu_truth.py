@@ -316,7 +316,7 @@ def main() -> None:
     p.add_argument("--parts", default="timing,split,run", help="a comma list of timing, split, run")
     args = common.parse(p, {"rounds": 1, "iters": 5, "warmup": 2, "max_bytes": 1 << 20, "nccl_min_bytes": 1 << 20,
                            "steps": 6, "mib": 64.0})
-    from commprof.backends import cuda_devices
+    from commprof.base.backends import cuda_devices
 
     if not cuda_devices():
         common.skip("gpu_truth", "no CUDA GPU is visible")

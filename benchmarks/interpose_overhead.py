@@ -143,8 +143,8 @@ def turns(path_ns: float, count: int) -> dict[str, list[float]]:
 
 
 def measure(launcher: str, nproc: int, rounds: int, iters: int) -> dict:
-    from commprof.backends import free_port
-    from commprof.launch import find_mpiexec
+    from commprof.base.backends import free_port
+    from commprof.launcher.launch import find_mpiexec
 
     env = with_root({**os.environ, "OMP_NUM_THREADS": "1"})
     command = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--iters", str(iters)]

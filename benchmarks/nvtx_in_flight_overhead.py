@@ -47,7 +47,7 @@ def worker(turns: int, out: str) -> None:
     import torch
     from torch.distributed import distributed_c10d as c10d
 
-    from commprof.backends import free_port
+    from commprof.base.backends import free_port
     from commprof.comm.gloo_comm import comm_class
     from commprof.record.annotate import ANNOTATOR
     from commprof.record.clock import CpuClock

@@ -122,11 +122,11 @@ def split_batches(batches: list, m: int) -> list[tuple]:
 def worker(args) -> None:
     import torch
 
+    from commprof.base.world import discover
     from commprof.comm import end_process, init_comm
     from commprof.parallel.partition import balanced_starts, param_costs
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
-    from commprof.world import discover
 
     torch.set_num_threads(1)
     comm = init_comm(discover(), backend="gloo", timeout_s=300)

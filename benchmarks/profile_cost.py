@@ -146,7 +146,7 @@ def nproc(device: str, backend: str) -> int:
     """Ranks a job starts: 2, or with NCCL one per GPU up to 2 (NCCL puts no two ranks of a group on one GPU)."""
     if backend != "nccl":
         return 2
-    from commprof.backends import cuda_devices
+    from commprof.base.backends import cuda_devices
 
     return max(1, min(2, cuda_devices()))
 

@@ -1,4 +1,4 @@
-"""Whether gloo ranks forked from the template (commprof/rank_template.py) train at the speed of ranks started
+"""Whether gloo ranks forked from the template (commprof/launcher/rank_template.py) train at the speed of ranks started
 as interpreters of their own: `commprof run` of DDP on 2 gloo ranks, COMMPROF_RANK_START=fork against =exec,
 interleaved job by job (the order flipping every round), rank 0's median step of each job.
 

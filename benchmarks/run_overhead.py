@@ -76,13 +76,13 @@ class NoPhases:
 def worker(args) -> None:
     import torch
 
+    from commprof.base.world import discover
     from commprof.comm import end_process, init_comm
     from commprof.record.phases import Phases
     from commprof.record.volume import step_volume
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
     from commprof.strategies import STRATEGIES
-    from commprof.world import discover
 
     torch.set_num_threads(1)
     comm = init_comm(discover(), backend="gloo", timeout_s=300)

@@ -98,10 +98,10 @@ def worker(args) -> None:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from commprof.base.world import discover
     from commprof.comm import end_process, init_comm
     from commprof.run.config import RunConfig
     from commprof.run.loop import build
-    from commprof.world import discover
 
     torch.set_num_threads(1)
     comm = init_comm(discover(), backend="gloo", timeout_s=300)

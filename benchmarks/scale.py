@@ -10,16 +10,17 @@ figures with ±JITTER of scheduling noise of its own. Every path runs commprof's
   live_hosts      live/hosts.py: the same window combined host by host (PER_HOST ranks a host): each host's
                   part folded by its first local rank (`summarize`), rank 0 reading every host's part from the
                   store and combining them (`combine_hosts`): the figure; bytes: the parts rank 0 reads
-  live_collect    comm/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
+  live_collect    comm/failure/control.py `ControlPlane.windows`: rank 0 reading every rank's posted window from a
                   real TCPStore served in this process (the ranks' posts made beforehand by client threads);
                   the store's keys left after it (none: what was read is gone)
   scrape          live/export.py `Metrics`: one HTTP scrape of the endpoint after one combined window
   host_scrape     the same in a job of several hosts: rank 0's endpoint serves its own host's ranks and the
                   job's findings; every host's endpoint its own ranks
-  states          comm/control.py `ControlPlane.states`: every rank's flight-recorder snapshot (comm/flight.py's
-                  shape, the world group's member list in it) read back from the store on a failure; the
-                  resident growth of this process, the store's server, as they were posted
-  listen          comm/watchdog.py's listeners: LISTENERS ranks spread over the world, each a real Watchdog over
+  states          comm/failure/control.py `ControlPlane.states`: every rank's flight-recorder snapshot
+                  (comm/failure/flight.py's shape, the world group's member list in it) read back from the
+                  store on a failure; the resident growth of this process, the store's server, as they were
+                  posted
+  listen          comm/failure/watchdog.py's listeners: LISTENERS ranks spread over the world, each a real Watchdog over
                   a TCPStore client of its own, for 4 of their intervals; the store calls each made in the last
                   3, counted on the way to the store: the job's calls a second (`calls_per_s`, the figure
                   fitted) are their mean rate times the world size; `seconds`: the time measured
@@ -163,7 +164,7 @@ def live_collect(n: int, ctx: dict) -> dict:
 
 
 def _post_window(store, n: int, w: dict) -> None:
-    from commprof.comm.control import ControlPlane
+    from commprof.comm.failure.control import ControlPlane
 
     ControlPlane(store, rank=w["rank"], world_size=n).post_window(0, w)
 
@@ -209,8 +210,8 @@ def host_scrape(n: int, ctx: dict) -> dict:
 
 
 def states(n: int, ctx: dict) -> dict:
-    from commprof.comm import flight
-    from commprof.comm.control import ControlPlane
+    from commprof.comm.failure import flight
+    from commprof.comm.failure.control import ControlPlane
 
     plane, store, clients = serve(n)
     snap = {"rank": 0, "reason": "answering rank 0", "busy": "all_reduce (world)",
@@ -223,7 +224,7 @@ def states(n: int, ctx: dict) -> dict:
     rss0 = rss()
     post(clients, [(lambda c, r=r: post_state(c, r)) for r in range(n)])
     grown = max(0, rss() - rss0)
-    def claimant():  # what the claimant does with them (comm/watchdog.py): read, and look for a desync
+    def claimant():  # what the claimant does with them (comm/failure/watchdog.py): read, and look for a desync
         got = plane.states(within_s=0.0)
         return got, flight.first_divergence(got)
 
@@ -256,8 +257,8 @@ def listen(n: int, ctx: dict) -> dict:
 
     import torch.distributed as dist
 
-    from commprof.comm.control import ControlPlane
-    from commprof.comm.watchdog import LISTEN_RATE, Watchdog, listen_s
+    from commprof.comm.failure.control import ControlPlane
+    from commprof.comm.failure.watchdog import LISTEN_RATE, Watchdog, listen_s
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     ranks = sorted({r * n // LISTENERS for r in range(LISTENERS)})
@@ -285,7 +286,7 @@ def rank_events(n: int, iterations: int, seed: int = 0) -> list[list[dict]]:
     """n ranks' trace events: rank n-1 the recorded slowed rank's file, the others the recorded rank 0's, each
     span's duration jittered (issue times kept: the ranks met as recorded), the measured iterations repeated
     to `iterations` one after another, each rank's own pid, rank, host and world group."""
-    from commprof.measurement import member_args
+    from commprof.base.measurement import member_args
     from commprof.record.merge import load
 
     rnd = random.Random(seed)
@@ -432,7 +433,7 @@ def serve(n: int):
     """Rank 0's store and control plane, and POSTERS clients of it."""
     import torch.distributed as dist
 
-    from commprof.comm.control import ControlPlane
+    from commprof.comm.failure.control import ControlPlane
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     clients = [dist.TCPStore("127.0.0.1", store.port, 1, False) for _ in range(POSTERS)]

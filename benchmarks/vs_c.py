@@ -218,7 +218,7 @@ def launch(command: list[str], env: dict) -> str:
 
 def launch_torch(command: list[str], env: dict) -> str:
     """NPROC processes of `command` joined by torch.distributed's env:// rendezvous; rank 0's stdout."""
-    from commprof.backends import free_port
+    from commprof.base.backends import free_port
 
     base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(NPROC)}
     return run_all([(command, {**base, "RANK": str(r)}) for r in range(NPROC)], timeout_s=LAUNCH_TIMEOUT_S,
@@ -229,7 +229,7 @@ def run_column(backend: str, column: str, size: int, iters: int,
                warmup: int) -> dict[tuple[str, bool], tuple[float, float]]:
     """One launch of one column at one size: (collective, inplace) -> (time_us, median_us)."""
     from commprof.comm import MPI_THREAD_LEVEL
-    from commprof.launch import find_mpiexec
+    from commprof.launcher.launch import find_mpiexec
 
     level = "multiple" if column.endswith("_multiple") else MPI_THREAD_LEVEL
     # commprof's launcher gives its ranks huge pages for torch's large buffers (NumPy's and the C loop's
@@ -305,8 +305,8 @@ def print_table(backend: str, rows: list[dict], rounds: int, columns: tuple[str,
     from rich.console import Console
     from rich.table import Table
 
+    from commprof.base.units import format_bytes
     from commprof.comm import MPI_THREAD_LEVEL
-    from commprof.report.units import format_bytes
 
     floor = HEADERS[FLOOR[backend]]
     caption = (f"all at MPI_THREAD_{MPI_THREAD_LEVEL.upper()} (commprof's level) unless named multiple; "

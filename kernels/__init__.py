@@ -23,7 +23,7 @@ import importlib
 from functools import partial
 from types import ModuleType
 
-from commprof.backends import FLOATING
+from commprof.base.backends import FLOATING
 
 __all__ = ["ALGORITHMS", "CATALOG", "LIBRARY", "names", "implements", "find", "modes", "bind", "unsupported"]
 

@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 
+from commprof.base.world import discover
 from commprof.comm import end_process, init_comm
 from commprof.run.calibrated import calibrated_bubble
-from commprof.world import discover
 
 
 def main(spec: dict) -> int:

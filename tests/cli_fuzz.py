@@ -24,13 +24,16 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from commprof import cli, commands, kernels, lifecycle, sweep
-from commprof.backends import DEVICES
+from commprof import kernels
+from commprof.base.backends import DEVICES
+from commprof.base.errors import CommprofError, UnsupportedError, UsageError
 from commprof.bench import command as bench
 from commprof.bench.collectives import COLLECTIVES
+from commprof.cli import commands, sweep
+from commprof.cli import main as cli
 from commprof.comm import BACKENDS
 from commprof.comm.dtypes import ALIASES, DTYPES, REDUCE_OPS
-from commprof.errors import CommprofError, UnsupportedError, UsageError
+from commprof.launcher import lifecycle
 from commprof.models import MODELS
 from commprof.parallel.partition import BALANCE
 from commprof.run import command as run

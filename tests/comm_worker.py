@@ -10,8 +10,8 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
+from commprof.base.world import discover
 from commprof.comm import end_process, init_comm
-from commprof.world import discover
 
 
 def check(name: str, got: torch.Tensor, want) -> None:

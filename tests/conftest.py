@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
     (asked of the driver: no torch import)."""
     import pytest
 
-    from commprof.backends import cuda_devices
+    from commprof.base.backends import cuda_devices
 
     for item in items:
         if UNIT not in Path(item.fspath).parents:

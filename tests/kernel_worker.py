@@ -12,10 +12,10 @@ import sys
 import torch
 
 from commprof import kernels
+from commprof.base.world import discover
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import end_process, init_comm, unsupported
 from commprof.comm.dtypes import DTYPES
-from commprof.world import discover
 
 SENDS = ("send", "sendrecv")
 ALL_OPS = ("sum", "prod", "min", "max", "avg")

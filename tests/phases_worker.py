@@ -17,9 +17,9 @@ import time
 
 import torch
 
+from commprof.base.world import discover
 from commprof.comm import end_process, init_comm
 from commprof.record.phases import Phases
-from commprof.world import discover
 
 MS = 1_000_000
 

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from commprof.backends import free_port, release_port
-from commprof.launch import find_mpiexec
+from commprof.base.backends import free_port, release_port
+from commprof.launcher.launch import find_mpiexec
 
 TIMEOUT_S = 180
 GRACE_S = 10.0
@@ -37,9 +37,10 @@ def session_id() -> str:
 
 def env_for_tests(**extra: str) -> dict:
     """The environment of a process a test starts. Its gloo jobs fork their ranks from a template
-    (COMMPROF_RANK_START=fork, commprof/rank_template.py): half the CPU of a short job, which most of the suite's
-    are; what a forked rank is to a user's script is checked against a started one in tests/test_rank_template.py,
-    and the launcher's sessions, signals and start-up failures in both ways (test_sessions.py, test_failures.py)."""
+    (COMMPROF_RANK_START=fork, commprof/launcher/rank_template.py): half the CPU of a short job, which most of
+    the suite's are; what a forked rank is to a user's script is checked against a started one in
+    tests/test_rank_template.py, and the launcher's sessions, signals and start-up failures in both ways
+    (test_sessions.py, test_failures.py)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", COMMPROF_RANK_START="fork")
     for key in ("COMMPROF_DEBUG", "COMMPROF_FAULT", "COMMPROF_JOB_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -167,14 +168,14 @@ def cmdline(pid: int) -> str:
 
 
 def rank_templates(marker: str, value: str) -> list[int]:
-    """The live rank templates (commprof/rank_template.py) whose environment has marker=value."""
+    """The live rank templates (commprof/launcher/rank_template.py) whose environment has marker=value."""
     return forked(marker, value)[0]
 
 
 def forked(marker: str, value: str) -> tuple[list[int], list[int]]:
     """The rank templates whose environment has marker=value, and the ranks they forked: those share a
     template's command line and /proc environment (RANK is not in it), and are told apart as its children."""
-    found = [pid for pid in processes(marker, value) if "-m commprof.rank_template " in cmdline(pid)]
+    found = [pid for pid in processes(marker, value) if "-m commprof.launcher.rank_template " in cmdline(pid)]
     templates = [pid for pid in found if _parent(pid) not in found]
     return templates, [pid for pid in found if pid not in templates]
 

@@ -12,11 +12,11 @@ import sys
 
 import torch
 
+from commprof.base.world import discover
 from commprof.comm import end_process, init_comm
 from commprof.record.figures import mean_volume
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
-from commprof.world import discover
 
 
 def main(spec: dict) -> int:

@@ -1,4 +1,4 @@
-"""--bind-cores (commprof/world.py bind_cores): each rank of a host on its own run of the cores the job may use,
+"""--bind-cores (commprof/base/world.py bind_cores): each rank of a host on its own run of the cores the job may use,
 as every rank's env in the JSON says, under commprof's launcher and under mpiexec, for profile and bench; and
 more ranks than cores is one line and exit 2, before any rank starts."""
 

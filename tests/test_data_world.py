@@ -3,10 +3,10 @@
 
 import pytest
 
+from commprof.base.world import World
 from commprof.bench.collectives import COLLECTIVES
 from commprof.comm import init_comm
 from commprof.comm.dtypes import DTYPES
-from commprof.world import World
 
 
 @pytest.fixture(scope="module")

@@ -205,7 +205,7 @@ def test_bench_across_hosts_under_torchrun_with_a_trace(hosts, tmp_path):
 
 
 def test_bench_across_hosts_under_mpiexec(hosts, tmp_path):
-    from commprof.launch import find_mpiexec
+    from commprof.launcher.launch import find_mpiexec
 
     out = tmp_path / "b.json"
     argv = [find_mpiexec(), "-launcher", "rsh", "-launcher-exec", FABRIC, "-hosts", ",".join(HOSTS), "-n", "2",

@@ -2,7 +2,7 @@
 under a bare mpiexec, ends the job within --timeout with one line, the exit code of its kind (3 a peer,
 4 a desync, 130 interrupted), every result measured before kept and marked incomplete, the flight records
 dumped, the trace merged and no process left behind. Faults are injected with COMMPROF_FAULT
-(commprof/comm/faults.py); a real SIGSTOP and a real SIGINT are sent where the test can."""
+(commprof/comm/failure/faults.py); a real SIGSTOP and a real SIGINT are sent where the test can."""
 
 import json
 import os
@@ -99,7 +99,7 @@ def test_killed_rank_is_named_and_what_was_measured_is_kept(tmp_path, backend):
 @pytest.mark.parametrize("backend,start", [("mpi", "exec"), ("gloo", "exec"), ("gloo", "fork")])
 def test_rank_stopped_during_start_up_ends_the_job(tmp_path, backend, start):
     # exec: rank 1 stopped while it imports; fork: the template that imports for both ranks
-    # (commprof/rank_template.py), found by its command line: a forked rank's /proc environment is its own
+    # (commprof/launcher/rank_template.py), found by its command line: a forked rank's /proc environment is its own
     tag = uuid.uuid4().hex
     env = env_for_tests(COMMPROF_TEST_TAG=tag, COMMPROF_RANK_START=start)
     command = [sys.executable, "-m", "commprof", "bench", "all_reduce", "--backend", backend, "--nproc", "2",
@@ -171,7 +171,8 @@ def test_a_rank_ends_through_end_process_with_its_output_and_code(backend):
     # torch keeps gloo's threads alive past destroy_process_group once torch._dynamo is loaded (an SGD
     # optimizer loads it); a rank therefore ends without the interpreter's finalization, in which a gloo
     # thread freeing a finished work aborts the process (commprof.comm.end_process)
-    script = ("import torch; from commprof.comm import end_process, init_comm; from commprof.world import discover; "
+    script = ("import torch; from commprof.comm import end_process, init_comm; "
+              "from commprof.base.world import discover; "
               f"comm = init_comm(discover(), backend={backend!r}, timeout_s=10); "
               "torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1); comm.all_reduce(torch.ones(2)); "
               "comm.close(); print('written', end=''); end_process(7)")
@@ -205,8 +206,8 @@ def test_a_failure_on_the_watchdogs_thread_ends_the_rank_even_when_saving_raises
     # The timer thread fails a rank while its main thread sits in an op: if anything on the way out raised
     # past fail(), that thread would die and the rank live on, holding its peers. Here the salvage hook
     # raises what it does not catch (a Ctrl-C in the middle of the save), and the main thread waits on.
-    script = ("import threading, time; from commprof.comm import init_comm; from commprof.world import discover; "
-              "from commprof.comm.watchdog import Watchdog; from commprof.errors import PeerTimeoutError\n"
+    script = ("import threading, time; from commprof.comm import init_comm; from commprof.base.world import discover; "
+              "from commprof.comm.failure.watchdog import Watchdog; from commprof.base.errors import PeerTimeoutError\n"
               "comm = init_comm(discover(), backend='gloo', timeout_s=10)\n"
               "watchdog = Watchdog(comm, timeout_s=10, rank=0)\n"
               "def save(code, message): raise KeyboardInterrupt\n"
@@ -257,7 +258,7 @@ def test_sigterm_to_the_launcher_is_exit_143_under_every_backend(tmp_path, backe
 def test_a_bare_mpiexec_job_that_fails_leaves_no_shared_memory(spec):
     # Hydra kills every rank once one dies, so nothing of the job is left to remove MPICH's segment: each rank
     # unlinks its name once all map it. The job runs with a /dev/shm of its own, listed as it ends.
-    from commprof.launch import find_mpiexec
+    from commprof.launcher.launch import find_mpiexec
 
     job = (f"mount -t tmpfs tmpfs /dev/shm && {find_mpiexec()} -n 2 {sys.executable} -m commprof bench all_reduce "
            f"--backend mpi {' '.join(SMALL)} >/dev/null 2>&1; echo left: $(ls /dev/shm)")

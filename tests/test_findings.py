@@ -127,7 +127,7 @@ def test_aligned_warm_up_iterations_price_the_ops_a_straggler_made_late(tmp_path
     # 10 measured iterations: with 6 the 95 % interval's lower end was one iteration's alone, and 2 runs in 10
     # named no straggler when rank 0 built its first --json snapshot (~10 ms) on the training thread, late into
     # the next iteration, where it then waited that much less for rank 1 (a thread of its own builds it now:
-    # commprof/kept.py)
+    # commprof/launcher/kept.py)
     proc = commprof("profile", "--nproc", "2", "--backend", backend, "--warmup", "4", "--trace", str(tmp_path / "t"),
                     "--json", str(tmp_path / "p.json"), "--", SCRIPT, "--steps", "14", "--delay-ms", str(DELAY_MS))
     assert proc.returncode == 0, proc.stderr[-3000:]

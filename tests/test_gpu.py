@@ -30,7 +30,7 @@ def ok(proc):
 def test_the_driver_sees_the_gpus_torch_sees():
     import torch
 
-    from commprof.backends import cuda_devices, default_backend
+    from commprof.base.backends import cuda_devices, default_backend
 
     assert cuda_devices() == torch.cuda.device_count() > 0
     assert default_backend() == "nccl"

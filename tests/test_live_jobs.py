@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from spawn import commprof, env_for_tests
 
-from commprof.backends import free_port, release_port
+from commprof.base.backends import free_port, release_port
 
 SCRIPT = str(Path(__file__).with_name("scripts") / "straggler_train.py")
 WINDOW, FROM_STEP, STEPS = 10, 30, 70

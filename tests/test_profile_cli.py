@@ -14,7 +14,7 @@ import torch
 from invariants import check_run
 from spawn import commprof, env_for_tests, spawn
 
-from commprof.backends import free_port
+from commprof.base.backends import free_port
 from commprof.intercept import seen
 
 SCRIPTS = Path(__file__).with_name("scripts")

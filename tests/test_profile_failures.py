@@ -137,7 +137,7 @@ def test_rank_0_killed_leaves_what_it_had_measured(tmp_path):
 
 def test_rank_0_killed_mid_way_leaves_most_of_what_it_measured(tmp_path):
     # the document is rewritten every 0.25 s, or at most 2 % of a core, by a thread of its own
-    # (commprof/kept.py): a rank 0 killed 20 steps of at least 100 ms in (rank 1 sleeps before each backward)
+    # (commprof/launcher/kept.py): a rank 0 killed 20 steps of at least 100 ms in (rank 1 sleeps before each backward)
     # kept 1 of 39 when the writes were paced on the training thread, by the first one's cost (imports)
     out = tmp_path / "out.json"
     script = str(SCRIPTS / "straggler_train.py")

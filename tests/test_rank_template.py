@@ -1,5 +1,5 @@
 """gloo's ranks forked from a template process that imported torch once (COMMPROF_RANK_START=fork,
-commprof/rank_template.py; the suite's own jobs start so, users' by default do not) are what ranks started as
+commprof/launcher/rank_template.py; the suite's own jobs start so, users' by default do not) are what ranks started as
 interpreters of their own are to the script they run: the same rank, environment, session,
 `__name__`, argv and sys.path, a working process group, generators seeded apart; only their parent differs.
 A job interrupted (SIGINT, SIGTERM) while its template still imports ends at once, the template with it.
@@ -17,8 +17,8 @@ import uuid
 import pytest
 from spawn import commprof, env_for_tests, kill_session, processes, rank_templates
 
-from commprof import rank_template
-from commprof.errors import CommprofError
+from commprof.base.errors import CommprofError
+from commprof.launcher import rank_template
 
 SCRIPT = """\
 import json, os, random, sys
@@ -60,7 +60,7 @@ def test_a_forked_rank_is_to_its_script_what_a_started_one_is(tmp_path):
     for start in ("fork", "exec"):  # generators seeded apart on each rank, as in new interpreters
         for drawn in ("torch_seed", "numpy", "random"):
             assert seen[start][0][drawn] != seen[start][1][drawn], (start, drawn)
-    assert all("-m commprof.rank_template " in rec["parent"] for rec in seen["fork"])
+    assert all("-m commprof.launcher.rank_template " in rec["parent"] for rec in seen["fork"])
     assert all(" -m commprof profile --nproc 2 " in rec["parent"] for rec in seen["exec"])
 
 
@@ -91,7 +91,7 @@ def test_which_ranks_are_forked(command, backend, wrapper, forked, monkeypatch):
 
 LAUNCHER = """\
 import sys
-from commprof import launch, rank_template
+from commprof.launcher import launch, rank_template
 rank_template.PRELOADED["bench"] = ("slow_import",)  # what the template imports: 60 s of sleep
 print(launch.launch(["bench", "all_reduce", "-b", "8", "-e", "8"], nproc=2, backend="gloo", oversubscribed=False,
                     timeout_s=30), flush=True)

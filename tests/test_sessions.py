@@ -1,7 +1,7 @@
-"""The launcher's ranks in sessions of their own (commprof/launch.py): not in the launcher's process group, yet
+"""The launcher's ranks in sessions of their own (commprof/launcher/launch.py): not in the launcher's process group, yet
 interrupted with it, ended with it on SIGHUP, and killed with it when it is killed outright. Ranks here are
 small Python processes (no torch), started and supervised by launch.py's own functions: each as an interpreter of
-its own, and forked from a template process (commprof/rank_template.py), as gloo's ranks are."""
+its own, and forked from a template process (commprof/launcher/rank_template.py), as gloo's ranks are."""
 
 import json
 import os
@@ -33,12 +33,13 @@ time.sleep(60)
 LAUNCHER = """\
 import json, os, signal, sys
 from pathlib import Path
-from commprof import job, launch, rank_template
+from commprof.base import job
+from commprof.launcher import launch, rank_template
 launch.take_signals()
 tmp = Path(sys.argv[1])
 folder = job.make()
 command = [sys.executable, str(tmp / "rank.py"), str(tmp / "rank")]
-if sys.argv[2] == "fork":  # from a template process (commprof/rank_template.py), importing nothing here
+if sys.argv[2] == "fork":  # from a template process (commprof/launcher/rank_template.py), importing nothing here
     children, template = rank_template.start(command, dict(os.environ), 2, ())
 else:
     children, template = launch._start("", command, dict(os.environ), 2), None

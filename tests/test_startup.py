@@ -39,7 +39,7 @@ def test_the_launcher_loads_no_torch_before_its_ranks(argv):
     # -X importtime is the launcher's own: the ranks it starts print no import lines
     proc, modules = _imports(*argv)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "commprof.lifecycle" in modules
+    assert "commprof.launcher.lifecycle" in modules
     assert not {m for m in modules if m.split(".")[0] in ("torch", "torchvision", "mpi4py", "numpy")}
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from spawn import env_for_tests, kill_session, processes, python_c
 
-from commprof import job
-from commprof.launch import find_mpiexec
+from commprof.base import job
+from commprof.launcher.launch import find_mpiexec
 
 TIMEOUT = 3
 SWEEP = ["bench", "all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "20", "-w", "1", "--timeout", str(TIMEOUT)]
@@ -127,7 +127,7 @@ def test_a_rank_stopped_under_torchrun_is_ended_by_its_peer():
     # torchrun sends the other ranks SIGTERM when one fails and SIGKILL 30 s later: a stopped rank never acts
     # on SIGTERM, and the job ended 38 s after the stop. Its peer on the same host ends it once the line is said
     # The time judged is from the line to the end, against torchrun's grace: from the stop to the line is the
-    # watchdog's --timeout and the claimant's wait for the stopped rank's record (comm/watchdog.py), which a
+    # watchdog's --timeout and the claimant's wait for the stopped rank's record (comm/failure/watchdog.py), which a
     # busy machine stretches (8.4 s seen against TIMEOUT + 5)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "commprof", *SWEEP]
     said: list = []
@@ -141,7 +141,7 @@ def test_a_rank_stopped_under_torchrun_is_ended_by_its_peer():
 @pytest.mark.parametrize("backend,rank", [("gloo", 0), ("mpi", 1)])
 def test_a_rank_stopped_in_start_up_under_a_bare_mpiexec(backend, rank):
     # stopped after its imports, right before MPI_Init / the rendezvous: its peer waits there holding the
-    # interpreter, where only the start-up deadline (commprof/deadline.py) can end it
+    # interpreter, where only the start-up deadline (commprof/base/deadline.py) can end it
     code, err, took = run_until_stopped(bare_mpiexec(backend), f"stop:rank={rank}:at=init")
     assert code != 0, err[-3000:]
     assert one_line(err) == (f"rank {rank} was stopped (SIGSTOP) during start-up and did not resume within "
@@ -189,9 +189,9 @@ def test_a_rank_about_to_abort_waits_for_its_launcher_to_read_its_line(read_afte
     # Hydra forwards a rank's stderr over the socket that carries MPI_Abort: what is still in the pipe when
     # the abort arrives is lost (the one line of the bare-mpiexec tests above, about once in 35 runs). The
     # child times from before its write, so the reader's delay bounds the wait from below on a busy machine.
-    script = ("import sys, time; from commprof import streams\n"
+    script = ("import sys, time; from commprof.base import pipes\n"
               "start = time.monotonic(); sys.stderr.write('commprof: error: a line\\n'); sys.stderr.flush()\n"
-              f"streams.drain(within_s={within_s})\n"
+              f"pipes.drain(within_s={within_s})\n"
               "print(time.monotonic() - start, flush=True)\n")
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, "-c", script], env=env_for_tests(), stdout=out,

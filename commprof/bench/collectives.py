@@ -5,7 +5,7 @@
   prepare      buffers for one (count, dtype, op, mode) -> a Case: run(), init(), wrong()
 
 `count` is always the element count of the reported size. The names, their order, split, reduces and
-the bus factors are the measurement model (commprof/measurement.py); this module adds `prepare`. Adding
+the bus factors are the measurement model (commprof/base/measurement.py); this module adds `prepare`. Adding
 a collective means one line there and one `prepare_*` function here, in PREPARE. Exercised by:
 `pytest tests/test_data_world.py tests/test_bench_cli.py`.
 """
@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from commprof import measurement
+from commprof.base import measurement
 from commprof.bench import data
 
 

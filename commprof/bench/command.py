@@ -26,21 +26,31 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commprof import backends, flags, kernels, lifecycle
-from commprof.backends import DTYPES, REDUCE_OPS, default_backend, parse_dtypes, parse_ops, require_cuda, unsupported
+from commprof import kernels
+from commprof.base import backends, files, flags
+from commprof.base.backends import (
+    DTYPES,
+    REDUCE_OPS,
+    default_backend,
+    parse_dtypes,
+    parse_ops,
+    require_cuda,
+    unsupported,
+)
+from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
+from commprof.base.measurement import COLLECTIVES
+from commprof.base.units import parse_size
+from commprof.base.world import World
 from commprof.bench import nccl_flags
 from commprof.bench.config import FORMATS, MODES, BenchConfig
-from commprof.errors import UsageError
-from commprof.lifecycle import Rank
-from commprof.measurement import COLLECTIVES
+from commprof.launcher import lifecycle
+from commprof.launcher.lifecycle import Rank
 from commprof.record.contention import note as contention_note
-from commprof.report import files, nccl_text
+from commprof.report import nccl_text
 from commprof.report.bench_summary import summarize, summary_table
 from commprof.report.bench_table import avg_busbw, bench_table, header, ranks_key, ranks_label
-from commprof.report.files import Outputs
 from commprof.report.fit import results_console
-from commprof.report.units import parse_size
-from commprof.world import World
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -215,7 +225,7 @@ def _require_supported(cfg: BenchConfig) -> None:
 
 
 class _Bench(lifecycle.Command):
-    """bench's part of the job's life cycle (commprof/lifecycle.py)."""
+    """bench's part of the job's life cycle (commprof/launcher/lifecycle.py)."""
 
     build_config = staticmethod(build_config)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commprof.errors import UsageError
-from commprof.flags import TIMEOUT_S
-from commprof.report.files import Outputs
+from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
+from commprof.base.flags import TIMEOUT_S
 
 MODES = (False, True)
 """Out-of-place, in-place: the order of nccl-tests' columns."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from commprof import flags
-from commprof.errors import UsageError
+from commprof.base import flags
+from commprof.base.errors import UsageError
 
 AVERAGE = {"0": "rank0", "1": "avg", "2": "min", "3": "max"}
 """-a's numbers in nccl-tests (0 = rank 0's own time, 1 = the average over ranks, 2 = min, 3 = max) and

@@ -25,16 +25,16 @@ from types import ModuleType
 from typing import Callable, Iterator
 
 from commprof import kernels
-from commprof.backends import unsupported
+from commprof.base.backends import unsupported
+from commprof.base.errors import UsageError
+from commprof.base.stats import bandwidths, summarize
 from commprof.bench.collectives import COLLECTIVES, Collective
 from commprof.bench.config import MODES, BenchConfig
 from commprof.comm import Comm
 from commprof.comm.dtypes import DTYPES
-from commprof.errors import UsageError
 from commprof.perfmodel import alphabeta
 from commprof.record.annotate import ANNOTATOR
 from commprof.record.recorder import END, NAME, NBYTES, START
-from commprof.stats import bandwidths, summarize
 
 LIBRARY = kernels.LIBRARY
 SENDS = ("send", "sendrecv")  # op-log names of what a rank sends (isend logs as send)

@@ -18,16 +18,16 @@ from typing import NoReturn
 
 import torch
 
-from commprof import deadline, job
-from commprof.backends import BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots, unsupported
+from commprof.base import deadline, job
+from commprof.base.backends import BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots, unsupported
+from commprof.base.errors import PeerError, PeerTimeoutError, UsageError
+from commprof.base.world import World
 from commprof.comm import gloo_comm, mpi_comm
 from commprof.comm.base import Comm
-from commprof.comm.control import ControlPlane
-from commprof.comm.faults import Injector
+from commprof.comm.failure.control import ControlPlane
+from commprof.comm.failure.faults import Injector
 from commprof.comm.handle import Handle
-from commprof.errors import PeerError, PeerTimeoutError, UsageError
 from commprof.record.clock import CpuClock, CudaClock
-from commprof.world import World
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
            "slots", "free_port", "require_cuda", "end_process", "joined", "at_end", "run_at_end"]

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
+from commprof.base.errors import CommprofError, PeerError, PeerTimeoutError
+from commprof.base.measurement import P2P
 from commprof.comm.dtypes import dtype_name
 from commprof.comm.handle import Handle
-from commprof.errors import CommprofError, PeerError, PeerTimeoutError
-from commprof.measurement import P2P
 from commprof.record.annotate import ANNOTATOR, DOMAIN, Range, op_category, op_message
 from commprof.record.recorder import OpRecorder
 
@@ -56,13 +56,13 @@ class Comm:
         self.failed: str | None = None
         """The op the backend raised in, for the flight recorder (busy is reset on the way out)."""
         self.seq = 0
-        """Collectives issued on this group so far: the k-th has seq k on every member (comm/flight.py)."""
+        """Collectives issued on this group so far: the k-th has seq k on every member (comm/failure/flight.py)."""
         self.members: list[int] = list(range(world_size))
         """Global ranks of this group, in group-rank order."""
         self.fault = None
-        """Fault injector (comm/faults.py) called before every op; None when no fault is set."""
+        """Fault injector (comm/failure/faults.py) called before every op; None when no fault is set."""
         self.control = None
-        """The job's control plane (comm/control.py), on the world Comm of a multi-rank job."""
+        """The job's control plane (comm/failure/control.py), on the world Comm of a multi-rank job."""
         self.timeout_s: float | None = None
         """The --timeout the backend was initialised with, for error messages."""
         self.label = "world"

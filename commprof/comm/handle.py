@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from commprof.errors import CommprofError
+from commprof.base.errors import CommprofError
 from commprof.record.annotate import ANNOTATOR
 
 

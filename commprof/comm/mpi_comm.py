@@ -13,8 +13,8 @@ import time
 import numpy as np
 import torch
 
+from commprof.base.errors import UnsupportedError
 from commprof.comm.base import Comm
-from commprof.errors import UnsupportedError
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
           torch.bfloat16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,

@@ -17,7 +17,7 @@ import socket
 import time
 from datetime import timedelta
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 BIND_ENV = "COMMPROF_STORE_BIND"
 

@@ -12,13 +12,13 @@ from datetime import timedelta
 
 import torch
 
+from commprof.base.errors import UnsupportedError
+from commprof.base.measurement import P2P
 from commprof.comm.base import Comm
 from commprof.comm.store import open_store
 from commprof.comm.torch_own import c10d as dist  # torch's own: interpose.py rebinds distributed_c10d's names
 from commprof.comm.torch_own import own
 from commprof.comm.waiter import Waiter
-from commprof.errors import UnsupportedError
-from commprof.measurement import P2P
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,

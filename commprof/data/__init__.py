@@ -13,6 +13,8 @@ Exercised by: `pytest tests/unit/test_data.py`.
 
 from __future__ import annotations
 
+from commprof.base.errors import UsageError
+from commprof.base.measurement import SOURCES
 from commprof.data.base import Batch, Source
 from commprof.data.cifar import open_cifar
 from commprof.data.masked import MaskedText
@@ -21,8 +23,6 @@ from commprof.data.sampling import global_indices, shard, steps_per_epoch
 from commprof.data.synthetic_image import SyntheticImage
 from commprof.data.synthetic_text import SyntheticText
 from commprof.data.text import open_text
-from commprof.errors import UsageError
-from commprof.measurement import SOURCES
 
 __all__ = ["Batch", "Source", "open_source", "global_indices", "shard", "steps_per_epoch", "SOURCES", "TASKS"]
 

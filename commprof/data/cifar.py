@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commprof.base.errors import UsageError
 from commprof.data.images import ImageArrays
-from commprof.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from commprof.base.errors import UsageError
 from commprof.data.base import Batch, Source
-from commprof.errors import UsageError
 
 _LUMA = (0.299, 0.587, 0.114)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commprof.base.errors import UsageError
 from commprof.data.images import ImageArrays
-from commprof.errors import UsageError
 
 MEAN, STD = (0.1307,), (0.3081,)
 # IDX magic numbers: type 0x08 (unsigned byte) and the number of dimensions, 3 for images, 1 for labels.

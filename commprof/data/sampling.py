@@ -13,9 +13,9 @@ import functools
 
 import torch
 
+from commprof.base.errors import UsageError
 from commprof.data.base import Batch
 from commprof.data.keys import mix
-from commprof.errors import UsageError
 
 _EPOCH_SALT = 0x5EED_E90C
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from commprof.base.errors import UsageError
 from commprof.data.base import Batch, Source
-from commprof.errors import UsageError
 
 
 class CharText(Source):

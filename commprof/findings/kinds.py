@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from commprof.base.measurement import COLLECTIVES
+from commprof.base.stats import gc_paused, median_ci, others_median
 from commprof.findings import slices, whatif
 from commprof.findings.arrivals import Analysis, analyze, median
-from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.perfmodel.timeline import Measured
-from commprof.stats import gc_paused, median_ci, others_median
 
 THRESHOLD = 0.03
 """Smallest share of the step a finding must cost to be reported."""
@@ -254,7 +254,7 @@ def of_trace(directory: str, *, threshold: float = THRESHOLD, link: Fabric | Non
 
 
 def _of_trace(directory: str, threshold: float, link: Fabric | None) -> dict:
-    from commprof.errors import UsageError
+    from commprof.base.errors import UsageError
     from commprof.perfmodel.timeline import load
 
     try:

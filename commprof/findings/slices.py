@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from commprof.base.files import write_atomic
 from commprof.findings.arrivals import blocked_by_cause
 from commprof.perfmodel.timeline import Measured
-from commprof.report.files import write_atomic
 
 TID = 999_999
 """The row's thread id in each rank's process: below the comm rows' (1,000,000 up), above any real thread's."""

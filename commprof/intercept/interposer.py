@@ -49,7 +49,7 @@ class Interposer(PointToPoint):
         self._comms: dict[int, tuple] = {}
         """id(process group) -> (the group, its Comm): the group is kept so its id is never reused."""
         self.fault = None
-        """This rank's injected faults (COMMPROF_FAULT, comm/faults.py), given to every group's Comm."""
+        """This rank's injected faults (COMMPROF_FAULT, comm/failure/faults.py), given to every group's Comm."""
 
     def comm(self, group) -> TorchComm:
         """The Comm of `group` (None: the default group), made on its first call."""

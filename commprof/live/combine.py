@@ -33,13 +33,13 @@ import statistics
 
 import numpy as np
 
+from commprof.base.measurement import COLLECTIVES
+from commprof.base.stats import median_ci, others_max, others_median
 from commprof.findings.kinds import LINK_MIN_US, LINK_SHARE, PEERS_SHOWN, THRESHOLD, per_peer
 from commprof.live.window import split_key
-from commprof.measurement import COLLECTIVES
 from commprof.perfmodel.alphabeta import fit
 from commprof.perfmodel.fabric import Fabric
 from commprof.report.live_log import finding_key
-from commprof.stats import median_ci, others_max, others_median
 
 MIN_SIZES = 3
 """Sizes on the bus a window's collectives must span for its α–β fit: a DDP job's two buckets would give a line

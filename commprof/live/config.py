@@ -13,7 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 WINDOW = 20
 """Steps a window holds by default. Its figures are medians, and a median of 20 steps shrugs off a hiccup of

@@ -267,7 +267,7 @@ def reachable(toward: str) -> str:
 def write_targets(path: str, endpoints: list[dict]) -> None:
     """Prometheus' file_sd JSON: every host's endpoint, labelled with its host (rewritten whole: Prometheus
     reads the file again when it changes)."""
-    from commprof.report.files import write_atomic
+    from commprof.base.files import write_atomic
 
     write_atomic(path, json.dumps([{"targets": [e["target"]], "labels": {"host": e["host"], "job": "commprof"}}
                                    for e in endpoints], indent=1) + "\n", sync=False)

@@ -24,9 +24,9 @@ import statistics
 
 import numpy as np
 
+from commprof.base.stats import median_ci
 from commprof.findings.kinds import PEERS_SHOWN, THRESHOLD, per_peer
 from commprof.live import combine as one
-from commprof.stats import median_ci
 
 TOP = 2
 """Ranks of a host a part carries as straggler candidates: the ones with the most own time."""

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from commprof.comm.control import REPLY_S
+from commprof.comm.failure.control import REPLY_S
 from commprof.findings.kinds import THRESHOLD
 from commprof.live.combine import Held, combine
 from commprof.live.config import LiveConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Callable
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models.spec import ModelEntry, ModelSpec
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models.spec import ModelSpec
 
 MIN_IMAGE_SIZE = 16

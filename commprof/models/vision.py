@@ -31,7 +31,7 @@ from typing import Callable
 
 from torch import nn
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models import frozen
 from commprof.models.spec import ModelSpec
 

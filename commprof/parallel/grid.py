@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.parallel.sizes import tensor_bytes
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 if TYPE_CHECKING:
     import torch

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprof.errors import UsageError
-from commprof.report.inputs import read_json, wrong_shape
-from commprof.report.units import parse_rate
+from commprof.base.errors import UsageError
+from commprof.base.inputs import read_json, wrong_shape
+from commprof.base.units import parse_rate
 
 LEVELS = ("intra", "inter")
 """Inside one host, and between hosts."""

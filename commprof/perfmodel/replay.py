@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from commprof import kernels
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.perfmodel.fabric import Fabric, Level
 from commprof.perfmodel.timeline import RECVS, SENDS, Measured, Op, Program
 

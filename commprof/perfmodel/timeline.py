@@ -23,9 +23,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprof.errors import UsageError
-from commprof.measurement import ALIGNED, Members, members_of
-from commprof.report.inputs import read_json, wrong_shape
+from commprof.base.errors import UsageError
+from commprof.base.inputs import read_json, wrong_shape
+from commprof.base.measurement import ALIGNED, Members, members_of
 
 NOT_OURS = "neither a run JSON nor a commprof trace"
 
@@ -87,7 +87,7 @@ class Measured:
 
 
 def load(path: str) -> Measured:
-    """Its files read through report/inputs.py: a run (or profile) JSON made with --trace
+    """Its files read through base/inputs.py: a run (or profile) JSON made with --trace
     and the trace it names, a trace.json, or a trace's folder, as a timeline.Measured; any file that cannot
     be read, parsed or replayed is UsageError naming it."""
     p = Path(path)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from commprof.errors import UsageError
-from commprof.report.inputs import wrong_shape
+from commprof.base.errors import UsageError
+from commprof.base.inputs import wrong_shape
 
 """What predict says of an input it cannot use, before why."""
 
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     doc = {"command": "predict", "fabric": fabric.as_record(), "inputs": rows}
     render(doc)
     if args.json:
-        from commprof.report.files import write_result
+        from commprof.base.files import write_result
 
         write_result(args.json, doc)
     if args.plot:

@@ -19,13 +19,14 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from commprof import flags, lifecycle
-from commprof.backends import default_backend, require_cuda
-from commprof.errors import UsageError
+from commprof.base import flags
+from commprof.base.backends import default_backend, require_cuda
+from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
+from commprof.base.world import World
+from commprof.launcher import lifecycle
 from commprof.live.config import LiveConfig, add_live_flags, live_config
 from commprof.perfmodel.fabric import Fabric, link_flag
-from commprof.report.files import Outputs
-from commprof.world import World
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
 
 
 class _Profile:
-    """profile's part of the job's life cycle (commprof/lifecycle.py): the launcher's, as bench's and run's;
+    """profile's part of the job's life cycle (commprof/launcher/lifecycle.py): the launcher's, as bench's and run's;
     a rank runs the script (profile/rank.py), which makes its own process group."""
 
     build_config = staticmethod(build_config)

@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from commprof.errors import CommprofError
+from commprof.base.errors import CommprofError
 
 
 def exit_code(code) -> int:

@@ -7,7 +7,7 @@ its process group goes, and rank 0's report.
 
 Once the script's process group exists — made by init_process_group under any name, or by DeviceMesh — the
 rank begins the life cycle bench and run have (lifecycle.RankLife: watchdog, env block, trace), and gathers
-through it before the group goes. The watchdog (comm/watchdog.py) watches it as it watches `commprof run`:
+through it before the group goes. The watchdog (comm/failure/watchdog.py) watches it as it watches `commprof run`:
 its collectives run through Comm, so a stall past --timeout (or the script's own timeout), a backend error,
 the script's exception or its non-zero exit is claimed on a control plane beside the script's rendezvous store;
 the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
@@ -34,26 +34,25 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof import deadline, job
-from commprof.backends import slots
+from commprof.base import deadline, files, job
+from commprof.base.backends import slots
+from commprof.base.env import local_env, merge_env
+from commprof.base.errors import CommprofError, ScriptError, UsageError
+from commprof.base.world import World, usable_cores
 from commprof.comm import join
-from commprof.comm.faults import Injector
+from commprof.comm.failure.faults import Injector
 from commprof.comm.store import open_store
-from commprof.errors import CommprofError, ScriptError, UsageError
 from commprof.intercept import Interception
-from commprof.kept import Kept
-from commprof.lifecycle import RankLife
+from commprof.launcher.kept import Kept
+from commprof.launcher.lifecycle import RankLife
 from commprof.live import monitor
 from commprof.profile import ending, rendezvous, torch_record
 from commprof.record.clock import CpuClock, CudaClock
 from commprof.record.contention import note
 from commprof.record.recorder import OpRecorder
 from commprof.record.volume import step_volume
-from commprof.report import files
-from commprof.report.env import local_env, merge_env
 from commprof.report.progress import StepProgress
 from commprof.report.script_table import print_profile
-from commprof.world import World, usable_cores
 
 
 def backend_of(pg) -> str:
@@ -98,7 +97,7 @@ class Session:
         job (days long) keeps no trace for its findings: its windows make them (live/)."""
         self.live: monitor.Live | None = None
         self.kept: Kept | None = None
-        """rank 0: its document while the job goes (commprof/kept.py)."""
+        """rank 0: its document while the job goes (commprof/launcher/kept.py)."""
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""

@@ -13,9 +13,9 @@ import os
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from commprof.base.world import World
 from commprof.comm import rendezvous_address
-from commprof.comm.control import ControlPlane
-from commprof.world import World
+from commprof.comm.failure.control import ControlPlane
 
 
 def set_env(world: World) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.perfmodel.timeline import from_ranks
 from commprof.profile.torch_record import reconcile
 from commprof.record.figures import mean_volume, time_row, time_summary

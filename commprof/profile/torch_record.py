@@ -30,7 +30,7 @@ so, on its own). An iteration is reconciled only when it began after that first 
 no dropped entry can be its), and the report says "reconciled over the last K of M measured iterations" rather
 than guess at the rest.
 
-Bytes follow commprof's volume convention (commprof/measurement.py, nccl-tests'): the elements of the input
+Bytes follow commprof's volume convention (commprof/base/measurement.py, nccl-tests'): the elements of the input
 tensors times their dtype's size, all_gather by its output (world size × the per-rank count), coalesced calls
 over all their tensors. What gloo's record does not show as commprof counts it: no point-to-point op at all
 (gloo records none), and a reduce_scatter of one tensor as the all_reduce gloo runs for it (the whole input
@@ -47,7 +47,7 @@ import itertools
 import math
 import os
 
-from commprof.measurement import COLLECTIVES, P2P, wire_factor
+from commprof.base.measurement import COLLECTIVES, P2P, wire_factor
 from commprof.record.volume import op_key, split_key
 
 BUFFER_SIZE = 2000

@@ -11,7 +11,7 @@ are all awake, within microseconds (the store's wake-ups differ by a millisecond
 in a barrier carries its wake-up into the op's transfer).
 
 Safe where ranks disagree: the meeting is keyed by the op's group and sequence number on the store, never
-on the group itself, and every rank that came reads the same outcome (comm/control.py's Meeting), so the barrier
+on the group itself, and every rank that came reads the same outcome (comm/failure/control.py's Meeting), so the barrier
 runs on all parties or on none. A rank aligning alone (a script whose ranks count iterations differently, an
 op one rank hands to torch) waits at most MEET_S once, then aligns nothing more in that iteration: it can
 slow the iteration, never pair a barrier with a peer's collective. The hook sits in the fault hook's slot
@@ -27,7 +27,7 @@ Exercised by: `pytest tests/test_findings.py -k aligned`.
 
 from __future__ import annotations
 
-from commprof.measurement import P2P
+from commprof.base.measurement import P2P
 
 MEET_S = 5.0
 """How long a rank waits at a meeting for its group (at most half the --timeout): a straggler later than that

@@ -28,8 +28,8 @@ from typing import NamedTuple
 import nvtx
 from nvtx._lib.lib import Domain, DomainHandle, DummyDomain
 
-from commprof.measurement import BUBBLE_P2P
-from commprof.report.units import format_bytes
+from commprof.base.measurement import BUBBLE_P2P
+from commprof.base.units import format_bytes
 
 DOMAIN = "commprof"
 

@@ -62,13 +62,13 @@ class Tracker:
         self.progress = None
         """A StepProgress (report/progress.py) that sees every iteration end, on rank 0's terminal."""
         self.on_end = None
-        """Called after every measured iteration (rank 0 keeps its results as they grow: commprof/kept.py)."""
+        """Called after every measured iteration (rank 0 keeps its results as they grow: commprof/launcher/kept.py)."""
         self.live = None
         """Called with each measured iteration's figures, op log entries and waits (live/monitor.py)."""
         self.keep: int | None = None
         """The most measured iterations `iterations` and `volumes` hold (the latest); None: every one."""
         self.fault = None
-        """The rank's fault injector (comm/faults.py), told each iteration's index (`from_step`)."""
+        """The rank's fault injector (comm/failure/faults.py), told each iteration's index (`from_step`)."""
         self.iterations: list[dict] = []
         """Measured iterations, in `commprof run`'s per-iteration form."""
         self.volumes: list[dict] = []

@@ -22,8 +22,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from commprof.measurement import COLLECTIVES, P2P, members_of
-from commprof.report.files import write_atomic
+from commprof.base.files import write_atomic
+from commprof.base.measurement import COLLECTIVES, P2P, members_of
 
 MERGED_RANKS = 64
 """The most ranks a merged trace.json holds: at 16,384 ranks every rank's events made 1.85 GB, past what the

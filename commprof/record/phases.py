@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from commprof.measurement import ALIGNED, BUBBLE_P2P
+from commprof.base.measurement import ALIGNED, BUBBLE_P2P
 from commprof.record import aligned as aligned_iterations
 from commprof.record.annotate import ANNOTATOR, phase_category
 from commprof.record.recorder import END, GROUP, HOST, NAME, START, restamped

@@ -27,7 +27,7 @@ stream) waited on throughout; True: perf_counter_ns ints of an async op whose co
 None: CUDA events of an async op on a stream of its own, which blocks the caller's stream only from its wait."""
 
 RING_LENGTH = 256
-"""Ops the flight recorder keeps per rank (comm/flight.py): enough to reach back past one bench size
+"""Ops the flight recorder keeps per rank (comm/failure/flight.py): enough to reach back past one bench size
 or one training step's buckets."""
 
 
@@ -65,7 +65,7 @@ class OpRecorder:
         Never cleared: it must reach back across iterations."""
         self.append_ring = self.ring.append
         """What a Comm calls with each ring entry: the ring's append, or one that also writes the rank's ring
-        file in the job folder (comm/ring_file.py)."""
+        file in the job folder (comm/failure/ring_file.py)."""
         self.comms: list = []
         """Every Comm sharing this log (the world and its subgroups), for the watchdog and the recorder."""
         self.aligning = None

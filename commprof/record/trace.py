@@ -31,13 +31,13 @@ import threading
 import time
 from pathlib import Path
 
-from commprof.measurement import member_args
+from commprof.base.files import OutputError, write_atomic
+from commprof.base.measurement import member_args
 from commprof.record.annotate import ANNOTATOR
 from commprof.record.clock_sync import host_name, sync_clocks
 from commprof.record.gpu_trace import StreamSpans
 from commprof.record.merge import load, merge, parse, write_merged  # noqa: F401 (trace.load, trace.merge)
 from commprof.record.recorder import END, GROUP, GROUP_SIZE, HOST, NAME, NBYTES, START
-from commprof.report.files import OutputError, write_atomic
 
 FLUSH_EVERY = 4096
 """Buffered events that force a write."""

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprof import job
+from commprof.base import job
 
 PREFIX = "commprof-trace-"
 """A private temporary folder's name: PREFIX, the pid of the rank that made it, '-', random letters."""

@@ -1,7 +1,7 @@
 """Transfer volume: payload bytes handed to collectives and the wire bytes each rank sends, per op type.
 
 payload = bytes in nccl-tests' size convention, exactly as logged by Comm. wire = payload × the
-ring algorithm's per-rank send factor (nccl-tests' bus factor; `wire_factor`, commprof/measurement.py):
+ring algorithm's per-rank send factor (nccl-tests' bus factor; `wire_factor`, commprof/base/measurement.py):
 all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send, sendrecv 1;
 recv 0 (the peer's send counts it). n is the op's group size. Per epoch = per step × steps per epoch.
 Ops on a subgroup are counted apart, under "<op> (<group>)", e.g. "all_reduce (dp)" and "send (pp)" on
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from commprof.measurement import wire_factor
+from commprof.base.measurement import wire_factor
 from commprof.record.recorder import GROUP, GROUP_SIZE, NAME, NBYTES
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from commprof.errors import UsageError
-from commprof.report.files import said
-from commprof.report.inputs import read_json, wrong_shape
+from commprof.base.errors import UsageError
+from commprof.base.files import said
+from commprof.base.inputs import read_json, wrong_shape
 
 NOT_OURS = "not a commprof result"
 """What report says of a file it cannot use, before why."""
@@ -100,7 +100,7 @@ def load(path: str) -> tuple[str, dict]:
 def main(args: argparse.Namespace) -> int:
     link = None
     if args.link_rate is not None:
-        from commprof.report.units import parse_rate
+        from commprof.base.units import parse_rate
 
         link = parse_rate(args.link_rate, "--link-rate")
         if not args.plot:
@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     labels = labels_of(args.files, args.label)
     if args.csv:
-        from commprof.report.files import check_outputs
+        from commprof.base.files import check_outputs
 
         check_outputs({"--csv": args.csv})
         read = {Path(p).resolve() for p in args.files}
@@ -171,7 +171,7 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             if rows:
                 out.print(summary_table(rows))
             if args.csv:
-                from commprof.report.files import write_csv
+                from commprof.base.files import write_csv
 
                 write_csv(args.csv, docs[0]["results"])
         else:
@@ -179,7 +179,7 @@ def _render(args: argparse.Namespace, loaded: list[tuple[str, str, dict]], link:
             rows, table = compare.side_by_side(names, docs)
             out.print(table)
             if args.csv:
-                from commprof.report.files import write_atomic
+                from commprof.base.files import write_atomic
 
                 write_atomic(args.csv, compare.side_by_side_csv(names, rows))
                 said("csv", args.csv)

@@ -1,6 +1,6 @@
 """Comparisons: a grid's runs as one table (a row per configuration), bench results as scaling tables
 (size rows × rank-count columns), several bench files side by side with ratios; rows are plain data,
-tables render them. Written by a grid (commprof/sweep.py) and by `commprof report`.
+tables render them. Written by a grid (commprof/cli/sweep.py) and by `commprof report`.
 
 Exercised by: `pytest tests/test_sweep.py tests/unit/test_report_recorded.py`.
 """
@@ -14,10 +14,10 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
+from commprof.base.files import write_atomic, write_result
+from commprof.base.units import format_bytes
 from commprof.report.bench_table import collective_label, ranks_key, ranks_label, several_roots
-from commprof.report.files import write_atomic, write_result
 from commprof.report.fit import Narrowing, results_console
-from commprof.report.units import format_bytes
 
 RUN_COLUMNS = ("label", "wall_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "overlap_pct", "bubble_ms", "other_ms",
                "throughput", "throughput_unit", "epoch_s", "payload_bytes_per_step",
@@ -288,7 +288,7 @@ def _number(value: str):
 
 def _csv(rows: list[dict], columns) -> str:
     if columns is None:
-        from commprof.report.files import CSV_COLUMNS
+        from commprof.base.files import CSV_COLUMNS
         columns = CSV_COLUMNS
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")

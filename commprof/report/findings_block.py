@@ -27,7 +27,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.text import Text
 
-from commprof.report.units import format_bytes
+from commprof.base.units import format_bytes
 
 LABEL = 14
 """The width of a finding's kind ahead of its text (latency_bound and a space)."""

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 from rich.table import Table
 
-from commprof.report.units import format_bytes
-from commprof.stats import median_ci
+from commprof.base.stats import median_ci
+from commprof.base.units import format_bytes
 
 
 def identity(f: dict) -> tuple:

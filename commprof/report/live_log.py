@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.report.live_line import from_line
 
 MAX_ROWS = 30

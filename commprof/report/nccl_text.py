@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from commprof.measurement import COLLECTIVES
+from commprof.base.measurement import COLLECTIVES
 
 FORMAT = "nccl-tests"
 """bench's --format value for this layout."""

@@ -18,8 +18,8 @@ from typing import Iterable
 import numpy as np
 from rich.table import Table
 
+from commprof.base.units import format_bytes
 from commprof.report.fit import Narrowing
-from commprof.report.units import format_bytes
 
 QUANTILE = 99
 """The upper percentile shown beside the max: one op in a hundred took longer."""

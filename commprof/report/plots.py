@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from commprof.base.units import format_bytes
 from commprof.report.bench_table import ranks_key, ranks_label, several_roots
 from commprof.report.figures import DPI, draw_lines
 from commprof.report.figures import color as _color
 from commprof.report.figures import figure as _figure
-from commprof.report.units import format_bytes
 
 __all__ = ["DPI", "bench_plots", "run_plots"]
 BENCH_SIZE = (10.0, 4.5)

@@ -10,8 +10,8 @@ import math
 from rich.table import Table
 from rich.text import Text
 
+from commprof.base.units import format_bytes
 from commprof.report.fit import Narrowing
-from commprof.report.units import format_bytes
 
 COLUMNS = (("wall_ms", "wall ms"), ("data_ms", "data ms"), ("compute_ms", "compute ms"),
            ("comm_ms", "comm ms"), ("exposed_comm_ms", "exposed ms"), ("overlap_ms", "overlap ms"),

@@ -11,10 +11,10 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from commprof.base.units import format_bytes
 from commprof.report.fit import Narrowing
 from commprof.report.op_table import op_table
 from commprof.report.run_table import group_table, time_table
-from commprof.report.units import format_bytes
 
 
 def _header(doc: dict) -> Text:

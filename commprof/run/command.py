@@ -17,23 +17,23 @@ import os
 
 from rich.console import Console
 
-from commprof import backends, flags, lifecycle
-from commprof.backends import default_backend, require_cuda
-from commprof.errors import UsageError
-from commprof.kept import Kept
-from commprof.lifecycle import Rank
+from commprof.base import backends, files, flags
+from commprof.base.backends import default_backend, require_cuda
+from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
+from commprof.base.measurement import SOURCES as DATA
+from commprof.base.units import MAX_SIZE
+from commprof.base.world import World
+from commprof.launcher import lifecycle
+from commprof.launcher.kept import Kept
+from commprof.launcher.lifecycle import Rank
 from commprof.live.config import add_live_flags, live_config
-from commprof.measurement import SOURCES as DATA
 from commprof.models import MODELS, list_models
 from commprof.parallel.grid import degrees
 from commprof.parallel.partition import BALANCE
 from commprof.perfmodel.fabric import link_flag
-from commprof.report import files
-from commprof.report.files import Outputs
-from commprof.report.units import MAX_SIZE
 from commprof.run.config import RunConfig
 from commprof.strategies import CATALOG
-from commprof.world import World
 
 
 def add_parser(subparsers, summary: str) -> None:
@@ -183,7 +183,7 @@ def _cuts(text: str | None) -> tuple[int, ...] | None:
 
 
 class _Run(lifecycle.Command):
-    """run's part of the job's life cycle (commprof/lifecycle.py)."""
+    """run's part of the job's life cycle (commprof/launcher/lifecycle.py)."""
 
     build_config = staticmethod(build_config)
     findings = True

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from commprof.flags import TIMEOUT_S
-from commprof.report.files import Outputs
+from commprof.base.files import Outputs
+from commprof.base.flags import TIMEOUT_S
 
 if TYPE_CHECKING:
     from commprof.live.config import LiveConfig

@@ -13,8 +13,8 @@ import resource
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from commprof.base.errors import UsageError
 from commprof.data import global_indices, open_source, steps_per_epoch
-from commprof.errors import UsageError
 from commprof.models import build_model, count_parameters
 from commprof.record.annotate import ANNOTATOR, MEASURED
 from commprof.record.clock import CpuClock, CudaClock

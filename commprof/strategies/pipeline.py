@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.parallel.grid import average_gradients, build_grid, degrees, replica_volume
 from commprof.parallel.partition import balanced_starts, describe, explicit_starts, param_costs, time_costs
 from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import set_checkpoint_early_stop
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models.transformer import Block
 from commprof.parallel.grid import average_gradients, build_grid, degrees, replica_volume
 from commprof.strategies.base import AUTOCAST, StepResult, Strategy, trainable

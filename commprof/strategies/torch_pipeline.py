@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.intercept import interpose
 from commprof.parallel.schedule import one_f_one_b
 from commprof.strategies.base import StepResult, loss_fn

@@ -4,7 +4,7 @@ existing file had."""
 import os
 import stat
 
-from commprof.report.files import write_atomic
+from commprof.base.files import write_atomic
 
 
 def test_an_existing_file_keeps_its_mode(tmp_path):

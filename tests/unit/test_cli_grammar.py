@@ -14,9 +14,9 @@ import pytest
 from cli_fuzz import BENCH_ARGV, FLAGS, RUN_ARGV, SLOW_IS_FINE, boundary_argv, check, problem
 from hypothesis import given, settings
 
-from commprof.commands import build_parser
-from commprof.flags import INT64_MAX, MAX_TIMEOUT_S
-from commprof.report.units import MAX_SIZE
+from commprof.base.flags import INT64_MAX, MAX_TIMEOUT_S
+from commprof.base.units import MAX_SIZE
+from commprof.cli.commands import build_parser
 
 # derandomize: the same examples on every run, so that the suite never fails by chance.
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,

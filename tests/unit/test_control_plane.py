@@ -10,9 +10,9 @@ import types
 
 import torch.distributed as dist
 
-from commprof.comm import flight
-from commprof.comm.control import ControlPlane
-from commprof.comm.watchdog import LISTEN_RATE, Watchdog, listen_s
+from commprof.comm.failure import flight
+from commprof.comm.failure.control import ControlPlane
+from commprof.comm.failure.watchdog import LISTEN_RATE, Watchdog, listen_s
 
 
 def _planes(n: int):

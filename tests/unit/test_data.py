@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from support.idx_files import write_idx
 
+from commprof.base.errors import UsageError
 from commprof.data import Batch, global_indices, open_source, shard, steps_per_epoch
-from commprof.errors import UsageError
 
 
 def mnist_arrays(n, seed):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cli_fuzz import check
 
-from commprof.commands import COMMANDS, build_parser
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
+from commprof.cli.commands import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",

@@ -4,9 +4,9 @@ and the first failure a job claims is the one it reports."""
 
 import pytest
 
-from commprof import job
-from commprof.comm import faults, flight
-from commprof.errors import UsageError
+from commprof.base import job
+from commprof.base.errors import UsageError
+from commprof.comm.failure import faults, flight
 
 
 def test_fault_specs_parse_and_bad_ones_are_named():

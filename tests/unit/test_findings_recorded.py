@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from commprof import cli
+from commprof.cli import main as cli
 from commprof.findings import whatif
 from commprof.findings.arrivals import analyze
 from commprof.findings.kinds import of_trace

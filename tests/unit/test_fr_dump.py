@@ -1,4 +1,4 @@
-"""Flight records in torch's dump format (commprof/comm/fr_dump.py), read by torch's own analyser in this
+"""Flight records in torch's dump format (commprof/comm/failure/fr_dump.py), read by torch's own analyser in this
 process: fr_trace's loader and builder (`python -m torch.distributed.flight_recorder.fr_trace DIR -p
 fr_trace_rank_` without the process) on files flight.dump wrote from hand-made snapshots. Agreeing ranks
 match everywhere; an extra 16 B all_reduce on rank 1 against rank 0's 75 KiB bucket is the mismatch fr_trace
@@ -14,7 +14,7 @@ from torch.distributed.flight_recorder.components.config_manager import JobConfi
 from torch.distributed.flight_recorder.components.loader import read_dir, read_dump
 from torch.distributed.flight_recorder.components.types import MatchState
 
-from commprof.comm import flight, fr_dump
+from commprof.comm.failure import flight, fr_dump
 
 BUCKET = 75 * 1024  # DDP's bucket in tests/scripts/ddp_train.py: 19,200 floats
 

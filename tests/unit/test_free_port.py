@@ -4,7 +4,7 @@
 import datetime
 import socket
 
-from commprof.backends import free_port, release_port
+from commprof.base.backends import free_port, release_port
 
 
 def test_a_held_port_is_passed_by_yet_the_store_binds_it():

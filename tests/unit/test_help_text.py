@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 import commprof
-from commprof.commands import COMMANDS, build_parser
+from commprof.cli.commands import COMMANDS, build_parser
 from commprof.report.script_table import profile_tables
 
 PACKAGE = Path(commprof.__file__).resolve().parent

@@ -24,8 +24,8 @@ def test_host_levels_lay_out_the_ranks(level, hosts, groups):
     ("inter", ["a", "a", "b"], "--groups needs the same number of ranks on every host: a 2, b 1"),
 ])
 def test_host_levels_that_cannot_be_laid_out(level, hosts, message):
+    from commprof.base.errors import UsageError
     from commprof.bench.runner import level_layout
-    from commprof.errors import UsageError
 
     with pytest.raises(UsageError, match=message):
         level_layout(level, hosts)

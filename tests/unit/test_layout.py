@@ -11,24 +11,53 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = (
-    ("errors", "world", "measurement", "stats", "backends", "flags", "job", "deadline", "streams"),
-    ("report",),
-    ("record",),
-    ("comm",),
-    ("intercept",),
-    ("data", "models"),
-    ("parallel",),
-    ("strategies", "kernels"),
-    ("perfmodel",),
-    ("findings", "live"),
-    ("netns", "launch", "rank_template", "lifecycle", "kept"),
-    ("bench", "run", "profile", "predict"),
-    ("commands", "cli", "nsys", "sweep", "__main__"),
-)
-"""commprof's layers, lowest first (as commprof/__init__.py lists them): a module imports from its own
-layer or lower ones only."""
+
+
+def _listed(lines: list[str], indent: str) -> tuple[tuple[str, ...], ...]:
+    """The layers a table lists: each line starting with `indent` and then a name begins one; its first
+    column (up to two spaces) names the layer's folders, `base/` or `data/, models/`."""
+    layers = []
+    for line in lines:
+        if line.startswith(indent) and line[len(indent):][:1] not in ("", " "):
+            column = line[len(indent):].split("  ")[0]
+            layers.append(tuple(name.strip().rstrip("/") for name in column.split(",")))
+    return tuple(layers)
+
+
+def _docstring_layers() -> tuple[tuple[str, ...], ...]:
+    """The layers as commprof/__init__.py's docstring lists them, the list's one source."""
+    doc = ast.get_docstring(ast.parse((ROOT / "commprof" / "__init__.py").read_text()))
+    return _listed(doc.split("Layers, lowest first", 1)[1].splitlines()[1:], "  ")
+
+
+LAYERS = _docstring_layers()
+"""commprof's layers, lowest first: a module imports from its own layer or lower ones only."""
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def test_the_layer_list_is_read():
+    assert LAYERS[0] == ("base",) and LAYERS[-1] == ("cli", "__main__") and len(LAYERS) > 10
+
+
+def test_the_package_root_holds_the_layers_folders_and_nothing_else():
+    entries = {p.stem for p in (ROOT / "commprof").iterdir() if p.name != "__pycache__"
+               and (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    assert entries - {"__init__"} == set(LAYER) - {"kernels"}
+
+
+def test_docs_design_lists_the_same_layers_in_the_same_order():
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1].split("\n\n")[0]
+    # a layer's names may run onto its next line ("bench/, run/, profile/," then "predict/")
+    merged: list[str] = []
+    for line in block.splitlines()[1:]:
+        if merged and merged[-1].split("  ")[0].rstrip().endswith(",") and line[:1] not in ("", " "):
+            head, rest = line.split("  ", 1) if "  " in line else (line, "")
+            first, more = merged[-1].split("  ", 1)
+            merged[-1] = f"{first.rstrip()} {head}  {more} {rest}"
+        else:
+            merged.append(line)
+    assert _listed(merged, "") == LAYERS
 
 
 def _sources() -> list[Path]:

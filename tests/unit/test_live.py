@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import commprof
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.findings.kinds import PEERS_SHOWN
 from commprof.live import export
 from commprof.live.combine import Held, combine
@@ -96,7 +96,7 @@ def test_a_straggler_is_named_with_its_cost_and_a_balanced_window_names_none():
 def test_the_others_median_and_most_are_those_of_every_other_rank_ties_and_odd_counts_too():
     import numpy as np
 
-    from commprof.stats import others_max, others_median
+    from commprof.base.stats import others_max, others_median
 
     rnd = random.Random(5)
     for n in (2, 3, 4, 7, 10):
@@ -335,7 +335,7 @@ def test_each_window_gets_the_contention_of_its_own_span_however_late_the_others
 
 
 def test_report_reads_a_log_of_many_ranks_whose_lines_are_past_any_fixed_read(tmp_path, capsys):
-    from commprof import cli
+    from commprof.cli import main as cli
 
     n = 300  # about 470 B a rank: the first line is past 64 KiB
     path = str(tmp_path / "live.jsonl")

@@ -70,7 +70,7 @@ def test_a_hosts_part_is_the_same_size_whatever_its_ranks():
 
 
 def test_report_reads_the_log_of_a_job_combined_host_by_host(tmp_path, capsys):
-    from commprof import cli
+    from commprof.cli import main as cli
     from commprof.live.export import LiveLog
 
     path = str(tmp_path / "live.jsonl")

@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models import MODELS, build_model, count_parameters, list_models
 
 IMAGE_MODELS = [name for name, entry in MODELS.items() if entry.kind == "image"]

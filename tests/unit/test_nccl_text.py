@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from support.nccl_log import parse
 
-from commprof.backends import DTYPES
+from commprof.base.backends import DTYPES
 from commprof.bench.config import BenchConfig
 from commprof.report import nccl_text
 from commprof.report.nccl_text import RankLine, block, render, time_str

@@ -3,7 +3,7 @@ the bubble fraction) and the partition of layers into stages (balanced on the la
 
 import pytest
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.parallel.partition import balanced_starts, describe, explicit_starts
 from commprof.parallel.schedule import bubble_fraction, gpipe, one_f_one_b, peak_in_flight
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from commprof import cli
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
+from commprof.cli import main as cli
 from commprof.perfmodel import fabric as fabrics
 from commprof.perfmodel import replay, timeline
 from commprof.perfmodel.alphabeta import fit

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commprof import cli
+from commprof.cli import main as cli
 
 RECORDED = Path(__file__).resolve().parents[1] / "recorded"
 BENCH, AGAIN, RUN = (RECORDED / name for name in ("bench-2/bench.json", "bench-2-again/bench.json", "ddp/run.json"))

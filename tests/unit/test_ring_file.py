@@ -1,4 +1,4 @@
-"""The flight ring kept in the job folder (commprof/comm/ring_file.py), without a job: what a rank appends is
+"""The flight ring kept in the job folder (commprof/comm/failure/ring_file.py), without a job: what a rank appends is
 read back from its file alone, across the ring's wrap and new groups; two ranks' files name a desync; the
 launcher and the claimant judge a death by them, except a death that came from outside."""
 
@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from commprof import job, launch
-from commprof.comm import flight, ring_file
-from commprof.comm.watchdog import _verdict
+from commprof.base import job
+from commprof.comm.failure import flight, ring_file
+from commprof.comm.failure.watchdog import _verdict
+from commprof.launcher import launch
 from commprof.record.clock import CpuClock
 from commprof.record.recorder import RING_LENGTH, OpRecorder
 

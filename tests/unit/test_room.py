@@ -1,12 +1,12 @@
-"""The launcher refuses, before any rank starts, what this host cannot hold (commprof/world.py check_room):
+"""The launcher refuses, before any rank starts, what this host cannot hold (commprof/base/world.py check_room):
 more ranks than its memory holds at a rank's own 280 MiB plus its buffers, whatever is asked; more than 4
 ranks a core unless --oversubscribe. One line, exit 2, through cli's own paths in this process."""
 
 import pytest
 from cli_fuzz import check
 
-from commprof.errors import UsageError
-from commprof.world import RANK_BYTES, RANKS_PER_CORE, available_memory, check_room, usable_cores
+from commprof.base.errors import UsageError
+from commprof.base.world import RANK_BYTES, RANKS_PER_CORE, available_memory, check_room, usable_cores
 
 
 def test_more_than_four_ranks_a_core_needs_oversubscribe():

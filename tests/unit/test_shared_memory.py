@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from commprof import job, launch
+from commprof.base import job
+from commprof.launcher import launch
 
 SHM = Path("/dev/shm")
 

@@ -4,8 +4,8 @@ for it to listen."""
 
 import pytest
 
+from commprof.base.errors import UsageError
 from commprof.comm.store import listen
-from commprof.errors import UsageError
 
 
 def test_the_store_listens_on_the_named_address_and_says_when_it_cannot(monkeypatch):
@@ -30,7 +30,7 @@ def test_a_client_started_before_its_store_waits_for_it_and_keeps_its_timeout():
     import threading
     from datetime import timedelta
 
-    from commprof.backends import free_port, release_port
+    from commprof.base.backends import free_port, release_port
     from commprof.comm.store import open_store
 
     port = free_port()

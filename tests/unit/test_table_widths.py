@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from commprof import cli
+from commprof.cli import main as cli
 from commprof.report.bench_summary import summarize, summary_table
 from commprof.report.bench_table import bench_table
 from commprof.report.compare import run_rows, run_table

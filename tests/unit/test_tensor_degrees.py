@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 from commprof.models import build_model
 from commprof.run.config import RunConfig
 from commprof.strategies.tensor import TensorParallel, check_divisible

@@ -128,7 +128,7 @@ def _world_from_recorded(n: int) -> list[list[dict]]:
 
     from conftest import RECORDED
 
-    from commprof.measurement import member_args
+    from commprof.base.measurement import member_args
 
     recorded = [merge.load(RECORDED / "slowed" / "trace" / f"rank{r}.trace.json") for r in (0, 1)]
     out = []

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
+from commprof.base.files import OutputError
 from commprof.record.merge import write_merged
-from commprof.report.files import OutputError
 
 
 @pytest.fixture

@@ -2,11 +2,11 @@
 
 import pytest
 
+from commprof.base.errors import UsageError
+from commprof.base.stats import bandwidths, summarize
+from commprof.base.units import format_bytes, parse_rate, parse_size
 from commprof.bench.collectives import COLLECTIVES
 from commprof.bench.config import BenchConfig
-from commprof.errors import UsageError
-from commprof.report.units import format_bytes, parse_rate, parse_size
-from commprof.stats import bandwidths, summarize
 
 
 @pytest.mark.parametrize("text,value", [("8", 8), ("64K", 65536), ("16M", 16 << 20), ("1G", 1 << 30),

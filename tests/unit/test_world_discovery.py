@@ -3,8 +3,8 @@ refused with a UsageError, and the first host of a Slurm node list."""
 
 import pytest
 
-from commprof.errors import UsageError
-from commprof.world import World, discover, first_host
+from commprof.base.errors import UsageError
+from commprof.base.world import World, discover, first_host
 
 
 def test_discover_launchers():

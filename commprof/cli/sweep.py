@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprof.errors import UsageError
-from commprof.report.files import SCRATCH_ENV, said, write_csv
+from commprof.base.errors import UsageError
+from commprof.base.files import SCRATCH_ENV, said, write_csv
 
 GRID_FLAGS = {
     "bench": ("--nproc",),
@@ -123,8 +123,8 @@ def label(combo: dict[str, str]) -> str:
 
 def check(command: str, base: list[str], grid: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
     """(combinations that can run, skipped ones with why); UsageError for a value no combination takes."""
-    from commprof import lifecycle
-    from commprof.commands import COMMANDS, parse
+    from commprof.cli.commands import COMMANDS, parse
+    from commprof.launcher import lifecycle
 
     module = __import__(COMMANDS[command][0], fromlist=["COMMAND"])
     runnable, skipped, works = [], [], {flag: set() for flag in grid}
@@ -166,7 +166,7 @@ class Plan:
 
 def plan(command: str, argv: list[str]) -> Plan:
     """Every check of `commprof <command> <argv>` that needs no rank; raises UsageError."""
-    from commprof import world
+    from commprof.base import world
 
     if world.discover().launched:
         raise UsageError("a grid (comma lists in " + ", ".join(GRID_FLAGS[command]) + ") starts its own ranks: "
@@ -177,7 +177,7 @@ def plan(command: str, argv: list[str]) -> Plan:
         raise UsageError("--format nccl-tests prints one job's text: a grid (" + ", ".join(grid) + ") prints its "
                          "comparison table; run each configuration alone")
     base, outputs = _strip(argv, tuple(grid) + OUTPUTS)
-    from commprof.report.files import check_outputs
+    from commprof.base.files import check_outputs
 
     check_outputs({f: outputs.get(f) for f in ("--json", "--csv")},
                   {f: outputs.get(f) for f in ("--plot", "--trace")})
@@ -232,8 +232,8 @@ def csv_rows(doc: dict) -> list[dict]:
 
 def csv_columns(doc: dict) -> tuple[str, ...]:
     """One column per grid flag, then the figures (a run's without the label the axes replace)."""
+    from commprof.base.files import CSV_COLUMNS
     from commprof.report.compare import RUN_COLUMNS
-    from commprof.report.files import CSV_COLUMNS
 
     figures = RUN_COLUMNS[1:] if doc["command"] == "run" else CSV_COLUMNS
     return tuple(flag.lstrip("-") for flag in doc["grid"]) + tuple(figures)
@@ -249,7 +249,7 @@ def _link_rate(command: str, outputs: dict) -> float | None:
 
         link_flag(outputs["--link-rate"])
         return None
-    from commprof.report.units import parse_rate
+    from commprof.base.units import parse_rate
 
     if command != "bench" or not outputs.get("--plot"):
         raise UsageError("--link-rate is drawn on bench's --plot figures: give --plot DIR too")

@@ -3,9 +3,9 @@ nor mpiexec — and end the job with one line and one exit code, whatever happen
 
 gloo/nccl: N child processes with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, …) and a
 rendezvous on 127.0.0.1 at a free port; with COMMPROF_RANK_START=fork, gloo's are forked from one process
-that imported torch once (commprof/rank_template.py). mpi: mpiexec -n N (the mpich wheel's, next to this Python, or
-the system's); Hydra, which listens on every interface, in a network namespace of loopback alone
-(commprof/netns.py). Every rank shares a job folder (commprof/job.py). The job's exit code is the failure
+that imported torch once (commprof/launcher/rank_template.py). mpi: mpiexec -n N (the mpich wheel's, next to
+this Python, or the system's); Hydra, which listens on every interface, in a network namespace of loopback alone
+(commprof/launcher/netns.py). Every rank shares a job folder (commprof/base/job.py). The job's exit code is the failure
 recorded there by whoever saw it first — never what mpiexec makes of its ranks' ends; a rank killed by
 a signal is named ("rank 1 was killed by SIGKILL") and the job exits 3. Once a failure is known the other
 ranks get GRACE_S to finish theirs, then every rank still alive is stopped, mpiexec's or not; a rank that
@@ -37,11 +37,12 @@ import threading
 import time
 from pathlib import Path
 
-from commprof import job, rank_template
-from commprof.backends import YIELD_ENV, free_port, release_port
-from commprof.deadline import die_with_parent
-from commprof.errors import CommprofError, PeerError, UsageError
-from commprof.world import usable_cores
+from commprof.base import job
+from commprof.base.backends import YIELD_ENV, free_port, release_port
+from commprof.base.deadline import die_with_parent
+from commprof.base.errors import CommprofError, PeerError, UsageError
+from commprof.base.world import usable_cores
+from commprof.launcher import rank_template
 
 GRACE_S = 3.0
 """How long the other ranks may take to report their own error after one rank failed."""
@@ -197,7 +198,7 @@ def _mpiexec(command: list[str], nproc: int, env: dict, oversubscribed: bool, fo
     if "HYDRA" in version:  # its control port listens on every interface: the job gets a network of its own
         # unless a rank serves what the host must reach (--live's endpoint): a network of its own would hold
         # that too (docs/live.md)
-        private = [sys.executable, "-m", "commprof.netns"] if own_network else []
+        private = [sys.executable, "-m", "commprof.launcher.netns"] if own_network else []
         flags += ["-iface", "lo"]
     proc = subprocess.Popen([*private, mpiexec, "-n", str(nproc), *flags, *command], env=env,
                             stdout=subprocess.PIPE)
@@ -362,7 +363,7 @@ def _desync(folder: Path) -> str | None:
     mismatch: SIGABRT; MPICH on a truncated message), which is then only the symptom."""
     if len(list(folder.glob("rank*.ring"))) < 2:
         return None
-    from commprof.comm import flight, ring_file  # torch comes with them: only on this path, never at launch
+    from commprof.comm.failure import flight, ring_file  # torch comes with them: only on this path, never at launch
 
     return flight.first_divergence(ring_file.read(folder))
 
@@ -450,7 +451,7 @@ def _kill_rank(folder: Path, pid: int) -> None:
 def _salvage(folder: Path, code: int, json_path: str | None, trace_dir: str | None) -> None:
     """A failed job's files: the JSON (as far as it got) marked incomplete, the trace merged."""
     reason = (job.failure(folder) or {}).get("message") or ("interrupted" if code == 130 else f"exit {code}")
-    from commprof.report.files import OutputError, mark_incomplete
+    from commprof.base.files import OutputError, mark_incomplete
 
     # best effort, and quiet: the job has said its line (a full disk that failed it refuses these writes too)
     if json_path:

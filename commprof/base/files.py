@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from commprof.errors import CommprofError, UsageError
+from commprof.base.errors import CommprofError, UsageError
 
 
 class OutputError(CommprofError):

@@ -1,7 +1,7 @@
 """Errors that end a run with one clear line on stderr and a non-zero exit code.
 
 Anything raised as a `CommprofError` is printed as `commprof: error: <message>` by the CLI; no traceback.
-Exit codes, the same under commprof's own launcher and under mpiexec (see commprof/job.py):
+Exit codes, the same under commprof's own launcher and under mpiexec (see commprof/base/job.py):
   1 wrong results or a backend failure    2 bad input or an unsupported request
   3 a peer rank stalled, died or was killed    4 ranks called different ops (desync)    130 interrupted
 """

@@ -15,7 +15,7 @@ import shutil
 import textwrap
 
 from commprof import __version__
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 HELP_COLUMNS = 80
 """The widest `--help` gets, however wide the terminal: narrower where COLUMNS or the terminal says so."""
@@ -77,7 +77,7 @@ COMMANDS = {
     "bench": ("commprof.bench.command", "sweep collectives over sizes (nccl-tests semantics)"),
     "run": ("commprof.run.command", "profile one training strategy: compute/comm split and volume"),
     "profile": ("commprof.profile.command", "profile an unchanged torch.distributed training script"),
-    "nsys": ("commprof.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
+    "nsys": ("commprof.cli.nsys", "profile a commprof job with Nsight Systems (one report per rank)"),
     "report": ("commprof.report.command", "tables and plots of saved bench, run and grid results"),
     "predict": ("commprof.predict.command", "step time at N ranks from a traced run and a fabric's α and β"),
 }

@@ -33,8 +33,8 @@ import threading
 import time
 from datetime import timedelta
 
-from commprof.measurement import runs
-from commprof.stats import gc_paused
+from commprof.base.measurement import runs
+from commprof.base.stats import gc_paused
 
 PREFIX = "commprof/"
 STORE_TIMEOUT_S = 5.0
@@ -113,15 +113,16 @@ class ControlPlane:
         return {r: json.loads(self._store.get(k)) for r, k in keys.items() if self._store.check([k])}
 
     def post_state(self, snap: dict) -> None:
-        """This rank's flight-recorder snapshot (comm/flight.py), for the claimant to read with every other's."""
+        """This rank's flight-recorder snapshot (comm/failure/flight.py), for the claimant to read with every
+        other's."""
         self._post(PREFIX + "states", {**snap, "groups": {k: runs(v) for k, v in snap["groups"].items()}})
-        # the member lists as runs: comm/flight.py's first_divergence reads them so, and a list per rank of
+        # the member lists as runs: comm/failure/flight.py's first_divergence reads them so, and a list per rank of
         # the world's every rank made the claimant's read N^2
 
     def states(self, *, within_s: float) -> dict[int, dict]:
         """Every rank's posted snapshot, waiting at most `within_s` for the ones not posted yet: one call a
         poll to count them and one to read them, not a call per rank. Each group's members as
-        comm/flight.py's `runs`."""
+        comm/failure/flight.py's `runs`."""
         deadline = time.monotonic() + within_s
         while self._count(PREFIX + "states") < self.world_size and time.monotonic() <= deadline:
             time.sleep(0.05)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from commprof.backends import BACKENDS, DEVICES
-from commprof.errors import UsageError
+from commprof.base.backends import BACKENDS, DEVICES
+from commprof.base.errors import UsageError
 
 TIMEOUT_S = 300.0
 """--timeout's default, the same for every command: how long one rank may wait on its peers in one op, or

@@ -62,7 +62,7 @@ COLLECTIVES: dict[str, CollectiveModel] = {c.name: c for c in (
 P2P = ("send", "recv", "sendrecv")
 """Point-to-point op names as the op log and the flight ring hold them (isend/irecv log as send/recv).
 They do not advance a group's collective seq and are never compared across ranks (comm/base.py,
-comm/flight.py): a stage sends what its neighbour receives. Every other logged op is a collective of
+comm/failure/flight.py): a stage sends what its neighbour receives. Every other logged op is a collective of
 its group."""
 
 BUBBLE_P2P = ("send", "recv")

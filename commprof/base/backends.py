@@ -19,9 +19,9 @@ import re
 import socket
 from pathlib import Path
 
-from commprof.errors import UsageError
-from commprof.measurement import COLLECTIVES
-from commprof.world import usable_cores
+from commprof.base.errors import UsageError
+from commprof.base.measurement import COLLECTIVES
+from commprof.base.world import usable_cores
 
 BACKENDS = ("gloo", "nccl", "mpi")
 

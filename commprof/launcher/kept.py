@@ -10,7 +10,7 @@ from its first measured iteration on, rewritten at most every SAVE_S and in at m
 of its own builds and writes it: the training thread only says an iteration ended (a document's first build
 takes ~10 ms, and a rank 0 that late into the next iteration waits that much less for a straggler, which a
 short job's findings then miss). A rank 0 that is killed leaves that file, which the launcher then marks
-with the job's verdict (report/files.py mark_incomplete). A failure that rank 0 lives through — a dead peer,
+with the job's verdict (base/files.py mark_incomplete). A failure that rank 0 lives through — a dead peer,
 the script's exception, Ctrl-C — writes the document once more with its reason and shows it (`show`: the
 tables, marked incomplete). `close` ends the writes before the finished job's report replaces the file.
 Exercised by: `pytest tests/test_failures.py -k killed_mid_way` and `pytest tests/test_profile_failures.py`.
@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable
 
-from commprof.report import files
+from commprof.base import files
 
 
 class Kept:

@@ -5,7 +5,7 @@ job's CPU where ranks outnumber cores, while a fork costs milliseconds. Each ran
 `python -m commprof ARGV` would be: its own session, RANK and LOCAL_RANK in its environment, killed with the
 process that started it, its exit status the launcher's to read.
 
-The template, `python -m commprof.rank_template FD NPROC MODULES -- ARGS…`, imports MODULES, forks NPROC
+The template, `python -m commprof.launcher.rank_template FD NPROC MODULES -- ARGS…`, imports MODULES, forks NPROC
 ranks of `python ARGS`, writes "start RANK PID" for each and "end PID CODE" as each ends to file descriptor
 FD, and exits once every rank has. Nothing it imports touches CUDA or starts a thread of Python's before the
 fork (torch's own DataLoader workers fork from such a process), and the generators of Python's `random`, of
@@ -41,7 +41,7 @@ whether it ended unreaped."""
 
 def preload(argv: list[str]) -> tuple[str, ...]:
     """The modules the template imports for ranks of `commprof ARGV`."""
-    command = next((a for a in argv if not a.startswith("-")), "")  # as commprof.cli finds it
+    command = next((a for a in argv if not a.startswith("-")), "")  # as commprof.cli.main finds it
     return PRELOADED.get(command, ("torch",))
 
 
@@ -163,12 +163,12 @@ def start(command: list[str], env: dict, nproc: int, modules: tuple[str, ...], *
     follows it: `-m MODULE ARGS…` or `SCRIPT ARGS…`): the ranks, once every one is forked, and the template
     (to wait for once they have ended). A template stopped (SIGSTOP) for `timeout_s` before it forked them,
     or killed, is a PeerError (the launcher's exit 3); one that could not import a module, a CommprofError."""
-    from commprof.deadline import die_with_parent
-    from commprof.errors import CommprofError, PeerError
+    from commprof.base.deadline import die_with_parent
+    from commprof.base.errors import CommprofError, PeerError
 
     read, write = os.pipe()
     try:
-        template = subprocess.Popen([sys.executable, "-m", "commprof.rank_template", str(write), str(nproc),
+        template = subprocess.Popen([sys.executable, "-m", "commprof.launcher.rank_template", str(write), str(nproc),
                                      ",".join(modules) or "-", "--", *command[1:]], env=env, pass_fds=(write,),
                                     start_new_session=True, preexec_fn=die_with_parent)
     except OSError as exc:
@@ -199,7 +199,7 @@ def _wait_for_forks(reports: _Reports, nproc: int, timeout_s: float) -> bool:
     (a stopped process never ends, and the job with it)."""
     import select
 
-    from commprof.job import process_state
+    from commprof.base.job import process_state
 
     since = None
     while len(reports.started) < nproc and not reports.gone:
@@ -217,7 +217,7 @@ def _wait_for_forks(reports: _Reports, nproc: int, timeout_s: float) -> bool:
 # ---- the template ---------------------------------------------------------------------------------------------
 def _become_rank(rank: int, template: int) -> None:
     """In a forked child: a rank of its own session, killed with the template, with its own seeds."""
-    from commprof.deadline import die_with_parent
+    from commprof.base.deadline import die_with_parent
 
     os.setsid()
     die_with_parent()

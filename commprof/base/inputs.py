@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 _TYPES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))

@@ -9,7 +9,7 @@ reachable from the job's own processes only. It needs CAP_SYS_ADMIN (root) or un
 both, mpiexec runs in the host's namespace, as it would without commprof (docs/failures.md). `-iface lo`
 works in either.
 
-    python -m commprof.netns mpiexec -iface lo -n 2 …
+    python -m commprof.launcher.netns mpiexec -iface lo -n 2 …
 
 Exercised by: `pytest tests/test_signals.py -k loopback`.
 """

@@ -12,7 +12,7 @@ blocked in another op, never will — as one line:
 
 `dump` writes a rank's snapshot as JSON (`--debug-dump DIR`, or beside the --json file on a failure), and as
 torch's flight-recorder dump for `python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_`
-(comm/fr_dump.py).
+(comm/failure/fr_dump.py).
 Exercised by: `pytest tests/unit/test_failure_diagnosis.py tests/test_failures.py`.
 """
 
@@ -22,11 +22,11 @@ import json
 from bisect import bisect_right
 from pathlib import Path
 
-from commprof.comm import fr_dump
+from commprof.base.measurement import P2P, runs
+from commprof.base.stats import gc_paused
+from commprof.base.units import format_bytes
 from commprof.comm.dtypes import dtype_name
-from commprof.measurement import P2P, runs
-from commprof.report.units import format_bytes
-from commprof.stats import gc_paused
+from commprof.comm.failure import fr_dump
 
 
 def snapshot(recorder, *, rank: int, reason: str | None = None) -> dict:
@@ -120,9 +120,9 @@ def _within(rank: int, spans: tuple) -> bool:
 
 
 def dump(folder: str | Path, snap: dict) -> Path:
-    """Write one rank's snapshot to FOLDER/rank<r>.flight.json (report/files.py's OutputError if it cannot), and
-    beside it the same record in torch's flight-recorder format, for torch's fr_trace (comm/fr_dump.py)."""
-    from commprof.report.files import write_atomic
+    """Write one rank's snapshot to FOLDER/rank<r>.flight.json (base/files.py's OutputError if it cannot), and
+    beside it the same record in torch's flight-recorder format, for torch's fr_trace (comm/failure/fr_dump.py)."""
+    from commprof.base.files import write_atomic
 
     path = Path(folder) / f"rank{snap['rank']}.flight.json"
     write_atomic(path, json.dumps(snap, indent=1) + "\n", sync=False)  # a rank killed meanwhile leaves none, not 0 B

@@ -20,16 +20,17 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from commprof import job, launch
-from commprof.backends import slots
-from commprof.errors import UsageError
-from commprof.report.files import Outputs
-from commprof.world import World, bind_cores, check_room, discover, usable_cores
+from commprof.base import job
+from commprof.base.backends import slots
+from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
+from commprof.base.world import World, bind_cores, check_room, discover, usable_cores
+from commprof.launcher import launch
 
 if TYPE_CHECKING:
     import torch
 
-    from commprof.comm.watchdog import Watchdog
+    from commprof.comm.failure.watchdog import Watchdog
     from commprof.record.contention import Contention
 
 
@@ -165,18 +166,18 @@ def _serves(cfg: Config) -> bool:
 
 
 def _check_outputs(cfg: Config) -> None:
-    """Every file the job writes, --live's too, checked before any rank starts (report/files.py)."""
+    """Every file the job writes, --live's too, checked before any rank starts (base/files.py)."""
     live = getattr(cfg, "live", None)
     cfg.out.check(None if live is None else {"--live-log": live.log, "--metrics-targets": live.targets})
 
 
 def _check_faults(world_size: int, say: bool = True) -> None:
-    """COMMPROF_FAULT (comm/faults.py) checked before any rank starts; torch is loaded only when it is set
+    """COMMPROF_FAULT (comm/failure/faults.py) checked before any rank starts; torch is loaded only when it is set
     (comm/ imports it, and the launcher checks flags without it)."""
     if os.environ.get("COMMPROF_FAULT"):
         import sys
 
-        from commprof.comm import faults
+        from commprof.comm.failure import faults
 
         for line in faults.check(world_size):  # said once: by the launcher, or rank 0 under another's
             if say:
@@ -244,10 +245,10 @@ class RankLife:
     def begin(self, comm, device=None, *, backend: str | None = None) -> Rank:
         """Watch `comm` (None: a process working alone, on `device`), gather the env block to rank 0 and
         start the trace: the Rank the command's work sees."""
-        from commprof.comm.watchdog import Watchdog
+        from commprof.base.env import local_env, merge_env
+        from commprof.comm.failure.watchdog import Watchdog
         from commprof.record import trace
         from commprof.record.contention import Contention
-        from commprof.report.env import local_env, merge_env
 
         world, cfg = self.world, self.cfg
         if comm is not None:

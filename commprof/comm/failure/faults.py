@@ -41,7 +41,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 ENV = "COMMPROF_FAULT"
 KINDS = ("stall", "stop", "die", "desync", "slow", "clock")

@@ -25,8 +25,8 @@ import os
 import struct
 from pathlib import Path
 
+from commprof.base.measurement import runs
 from commprof.comm.dtypes import dtype_name
-from commprof.measurement import runs
 from commprof.record.recorder import RING_LENGTH
 
 RECORD = struct.Struct("<QQQHHHxxQ")
@@ -113,7 +113,7 @@ def keep(recorder, folder: Path, rank: int) -> None:
 
 
 def read(folder: Path, ranks=None) -> dict[int, dict]:
-    """The snapshots (comm/flight.py's shape) of those of `ranks` (None: every rank) whose ring file is in
+    """The snapshots (comm/failure/flight.py's shape) of those of `ranks` (None: every rank) whose ring file is in
     `folder`: their last ops, with no op known to be in progress."""
     if ranks is None:
         ranks = sorted(int(p.name[4:-len(SUFFIX)]) for p in Path(folder).glob(f"rank*{SUFFIX}")

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from commprof.errors import UsageError
+from commprof.base.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from commprof.errors import PeerTimeoutError
+from commprof.base.errors import PeerTimeoutError
 
 ENV = "COMMPROF_JOB_DIR"
 FAILURE = "failure.json"

@@ -3,12 +3,12 @@
 A daemon thread, the timer, samples every Comm's busy state (two attribute stores per op on the hot path);
 a second one, the listener, polls the control plane for a peer's claim (less often in a large job:
 LISTEN_RATE). The timer never touches the network, so no peer — not even rank 0 stopped with the store —
-can hold its deadline back; every control-plane call is bounded as well (comm/control.py). An op busy for
+can hold its deadline back; every control-plane call is bounded as well (comm/failure/control.py). An op busy for
 longer than --timeout, or a CommprofError leaving the `with Watchdog(...)` block, is a failure:
 
-  1. the rank claims it on the control plane (comm/control.py); if a peer claimed first, this rank only
+  1. the rank claims it on the control plane (comm/failure/control.py); if a peer claimed first, this rank only
      answers: it posts its flight record and exits, quietly, with the peer's verdict;
-  2. the claimant collects every rank's flight record (comm/flight.py) for a moment: if the ranks called
+  2. the claimant collects every rank's flight record (comm/failure/flight.py) for a moment: if the ranks called
      different collectives at the same seq, the failure is a desync (exit 4) named at its first divergence,
      otherwise it stays what it was (a stalled or dead peer: exit 3; a backend error: 1), and the ranks
      that did not answer are named;
@@ -29,10 +29,10 @@ import sys
 import threading
 import time
 
-from commprof import job, streams
-from commprof.comm import flight, ring_file
-from commprof.errors import CommprofError, PeerError, PeerTimeoutError
-from commprof.report.files import OutputError
+from commprof.base import job, pipes
+from commprof.base.errors import CommprofError, PeerError, PeerTimeoutError
+from commprof.base.files import OutputError
+from commprof.comm.failure import flight, ring_file
 
 ANSWER_S = 2.0
 """How long the claimant waits for its peers' flight records (a stopped peer never sends one)."""
@@ -320,7 +320,7 @@ def _abort_mpi(code: int) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return
-    streams.drain()  # the line this rank said, read before the abort tears the job down
+    pipes.drain()  # the line this rank said, read before the abort tears the job down
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         mpi.COMM_WORLD.Abort(code)

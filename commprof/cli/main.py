@@ -16,9 +16,10 @@ import signal
 import sys
 from typing import NoReturn
 
-from commprof import job, sweep
-from commprof.commands import parse
-from commprof.errors import CommprofError, PeerError, UnsupportedError, UsageError
+from commprof.base import job
+from commprof.base.errors import CommprofError, PeerError, UnsupportedError, UsageError
+from commprof.cli import sweep
+from commprof.cli.commands import parse
 
 
 def main(argv: list[str] | None = None) -> int:

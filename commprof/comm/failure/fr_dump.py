@@ -26,7 +26,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from commprof.measurement import P2P
+from commprof.base.measurement import P2P
 
 PREFIX = "fr_trace_rank_"
 """File name before the rank: fr_trace's `-p`. Nothing else commprof writes holds it or ends in digits, so fr_trace
@@ -57,7 +57,7 @@ def path_of(folder: str | Path, rank: int) -> Path:
 
 
 def write(folder: str | Path, snap: dict, backend: str | None = None) -> Path:
-    """Write `snap` (comm/flight.py's snapshot shape) as FOLDER/fr_trace_rank_<r>: a temp file, then a rename,
+    """Write `snap` (comm/failure/flight.py's snapshot shape) as FOLDER/fr_trace_rank_<r>: a temp file, then a rename,
     so fr_trace never reads half a pickle. Raises what writing or an odd snapshot raises: flight.dump swallows it."""
     path = path_of(folder, snap["rank"])
     data = pickle.dumps(record(snap, backend or backend_in_use()), protocol=4)

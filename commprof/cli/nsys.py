@@ -24,8 +24,8 @@ import shutil
 import subprocess
 import sys
 
-from commprof.errors import UsageError
-from commprof.launch import find_mpiexec
+from commprof.base.errors import UsageError
+from commprof.launcher.launch import find_mpiexec
 
 CAPTURE = "measured@commprof"
 """The NVTX range (message@domain) Nsight starts and stops the capture on."""

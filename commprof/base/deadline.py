@@ -23,8 +23,8 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
-from commprof import job, streams
-from commprof.errors import PeerError
+from commprof.base import job, pipes
+from commprof.base.errors import PeerError
 
 SLACK_S = 2.0
 """Added to --timeout: where a call has a timeout of its own (a rendezvous), its clearer error comes first."""
@@ -40,7 +40,7 @@ def guard(what: str, *, timeout_s: float, rank: int):
                "rank stalled or died during start-up")
     previous = _exit_on_sigquit()
     child = subprocess.Popen(
-        [sys.executable, "-c", "from commprof.deadline import _child; _child()", str(os.getpid()), str(limit),
+        [sys.executable, "-c", "from commprof.base.deadline import _child; _child()", str(os.getpid()), str(limit),
          str(rank), message], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True,
         preexec_fn=die_with_parent)
     try:
@@ -132,4 +132,4 @@ def _say(message: str, rank: int) -> None:
     if job.claim(PeerError.exit_code, message, rank):
         sys.stderr.write(f"commprof: error: {message}\n")
         sys.stderr.flush()
-        streams.drain()  # read before the kill that follows ends the job
+        pipes.drain()  # read before the kill that follows ends the job

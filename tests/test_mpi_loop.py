@@ -25,7 +25,7 @@ SIZES = (4, 7, 8, 12, 1024)
 def expected_rows(backend: str) -> list[tuple[str, int, bool]]:
     rows = []
     for size in SIZES:  # one plan per size: the loops take a list, bench a range
-        cfg = BenchConfig(COLLECTIVES, backend, min_bytes=size, max_bytes=size)
+        cfg = BenchConfig(COLLECTIVES, backend=backend, min_bytes=size, max_bytes=size)
         rows += [(p.collective.name, p.count * 4, m) for p in plan(cfg, 2).points for m in p.modes]
     seen, unique = set(), []
     for row in sorted(rows, key=lambda r: COLLECTIVES.index(r[0])):  # a sweep: collective by collective

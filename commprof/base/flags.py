@@ -1,6 +1,7 @@
 """The flags every job takes, declared once for bench, run and profile (where its ranks run, how long one
-may wait, where the job writes), and the checks on numeric flag values the commands share: one line naming
-the flag and the value, before any rank starts.
+may wait, where the job writes), the JobConfig they fill (the part of every command's config the launcher
+and the life cycle read), and the checks on numeric flag values the commands share: one line naming the
+flag and the value, before any rank starts.
 
 Exercised by: `pytest tests/unit/test_cli_grammar.py tests/test_bench_cli.py`.
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass, field
 
 from commprof.base.backends import BACKENDS, DEVICES
 from commprof.base.errors import UsageError
+from commprof.base.files import Outputs
 
 TIMEOUT_S = 300.0
 """--timeout's default, the same for every command: how long one rank may wait on its peers in one op, or
@@ -26,6 +29,39 @@ INT64_MAX = (1 << 63) - 1
 MAX_TIMEOUT_S = 1e9
 """The longest --timeout: gloo counts its deadline in int64 nanoseconds, and 1e10 s already overflows
 them (the rendezvous then times out at once)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """What every command that starts ranks takes (add_job_flags): bench's, run's and profile's configs
+    extend it, and the launcher and the life cycle (launcher/lifecycle.py) read only this of them."""
+
+    backend: str
+    """gloo, nccl or mpi (--backend). profile: the backend an `init_process_group()` that names none gets;
+    mpi there means ranks started by mpiexec, the script's group still torch's."""
+    nproc: int | None = None
+    """Local ranks to start (--nproc); None: the command's default (one per core or GPU, or what its
+    model-parallel degrees need)."""
+    timeout_s: float = TIMEOUT_S
+    """How long a rank may wait on its peers in one op or in the rendezvous before the job ends (--timeout).
+    profile: the process group's timeout unless the script sets one."""
+    huge_pages: bool = False
+    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages, THP_MEM_ALLOC_ENABLE=1
+    before torch allocates); False: the allocator as the environment has it."""
+    bind_cores: bool = False
+    """Each rank bound to its own share of its host's cores (--bind-cores), before torch starts a thread;
+    False: unbound, as torchrun leaves ranks. Unbound CPU ranks lend each other their cores: one that waits
+    on a peer frees its core."""
+    out: Outputs = field(default_factory=Outputs)
+    """Files the job writes (--json, --trace, --debug-dump, …) and the command line it was started with."""
+
+
+def job_config(args: argparse.Namespace, backend: str) -> dict:
+    """JobConfig's fields from add_job_flags' parsed flags (checked: check_job_flags), with the backend the
+    command settled on; a command's config takes them as `**job_config(args, backend)`."""
+    check_job_flags(args)
+    return dict(backend=backend, nproc=args.nproc, timeout_s=args.timeout, huge_pages=args.huge_pages,
+                bind_cores=args.bind_cores, out=Outputs.from_args(args))
 
 
 def add_job_flags(p: argparse.ArgumentParser, *, nproc: str, json: str, timeout: str = "") -> None:

@@ -38,7 +38,6 @@ from commprof.base.backends import (
     unsupported,
 )
 from commprof.base.errors import UsageError
-from commprof.base.files import Outputs
 from commprof.base.measurement import COLLECTIVES
 from commprof.base.units import parse_size
 from commprof.base.world import World
@@ -162,7 +161,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     if backend == "nccl":
         require_cuda()
     device = backends.device(backend, args.device)
-    flags.check_job_flags(args)
+    job = flags.job_config(args, backend)
     for flag, value, low in (("-n", args.iters, 1), ("-w", args.warmup_iters, 0), ("-c", args.check, 0),
                              ("-m", args.agg_iters, 1)):
         flags.at_least(flag, value, low)
@@ -179,17 +178,14 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         flag = "--group-sizes" if group_sizes else "--groups"
         raise UsageError(f"--format nccl-tests prints one communicator of every rank, as nccl-tests runs: drop {flag}")
     cfg = BenchConfig(
-        collectives=tuple(dict.fromkeys(names)), backend=backend, device=device, algos=algos,
+        collectives=tuple(dict.fromkeys(names)), device=device, algos=algos,
         dtypes=tuple(parse_dtypes(args.datatype)),
         ops=tuple(parse_ops(args.op)), explicit=args.datatype != "all" and args.op != "all",
         min_bytes=parse_size(args.minbytes, "-b"), max_bytes=parse_size(args.maxbytes, "-e"),
         step_factor=args.stepfactor, step_bytes=parse_size(args.stepbytes, "-i"), iters=args.iters,
         warmup=args.warmup_iters, check=args.check, agg=agg, root=root, all_roots=all_roots,
         agg_iters=args.agg_iters, blocking=bool(args.blocking),
-        timeout_s=args.timeout, huge_pages=args.huge_pages, bind_cores=args.bind_cores,
-        nproc=args.nproc, group_sizes=group_sizes, concurrent=args.concurrent,
-        levels=levels,
-        out=Outputs.from_args(args), format=args.format)
+        group_sizes=group_sizes, concurrent=args.concurrent, levels=levels, format=args.format, **job)
     cfg.sizes()  # raises on -b > -e and a factor that never grows
     if cfg.explicit:
         _require_supported(cfg)

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from commprof.base.errors import UsageError
-from commprof.base.files import Outputs
-from commprof.base.flags import TIMEOUT_S
+from commprof.base.flags import JobConfig
 
 MODES = (False, True)
 """Out-of-place, in-place: the order of nccl-tests' columns."""
@@ -24,11 +23,9 @@ measuring, and `-i 1 -e 1T` would otherwise fill the memory before anything runs
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class BenchConfig(JobConfig):
     collectives: tuple[str, ...]
     """Collectives to sweep, in order."""
-    backend: str
-    """gloo, nccl or mpi."""
     device: str = "cpu"
     """Where the tensors live (--device): cuda for nccl; gloo moves either, so ranks can share one GPU."""
     algos: tuple[str, ...] = ("library",)
@@ -66,16 +63,6 @@ class BenchConfig:
     """Ops per iteration (-m): issued back to back and timed together, the time divided by this."""
     blocking: bool = False
     """Wait on each op before issuing the next, and meet at an untimed barrier after each iteration (-z 1)."""
-    timeout_s: float = TIMEOUT_S
-    """A rank blocked longer than this in one op ends the run (--timeout)."""
-    huge_pages: bool = False
-    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
-    the environment has it."""
-    bind_cores: bool = False
-    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
-    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
-    nproc: int | None = None
-    """Local ranks to start (--nproc); None: one per core, or per GPU."""
     group_sizes: tuple[int, ...] = ()
     """Run every collective on groups of each of these many ranks, one size after another
     (--group-sizes); empty: on all the job's ranks."""
@@ -85,8 +72,6 @@ class BenchConfig:
     levels: tuple[str, ...] = ()
     """Levels of the host hierarchy measured apart (--groups intra,inter): "intra" runs every collective
     within each host, all hosts at once; "inter" across hosts, one group per local rank, all at once."""
-    out: Outputs = Outputs()
-    """Files the job writes and the command line it was started with."""
     format: str = "table"
     """What rank 0 prints on stdout (--format): `table`, a Rich table per collective and the summary;
     `nccl-tests`, nccl-tests' own text layout, a block per collective, for the parsers kept for its logs."""

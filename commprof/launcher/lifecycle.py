@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from commprof.base import job
 from commprof.base.backends import slots
 from commprof.base.errors import UsageError
-from commprof.base.files import Outputs
+from commprof.base.flags import JobConfig
 from commprof.base.world import World, bind_cores, check_room, discover, usable_cores
 from commprof.launcher import launch
 
@@ -32,21 +32,6 @@ if TYPE_CHECKING:
 
     from commprof.comm.failure.watchdog import Watchdog
     from commprof.record.contention import Contention
-
-
-class Config(Protocol):
-    """What the life cycle reads of a command's config."""
-
-    backend: str
-    # bench's and run's configs also hold `device` (--device, where the tensors live), read with getattr: a
-    # command without one (profile) runs where its backend does
-    nproc: int | None
-    timeout_s: float
-    huge_pages: bool
-    """--huge-pages: THP_MEM_ALLOC_ENABLE=1 in every rank, before torch allocates."""
-    bind_cores: bool
-    """--bind-cores: every rank on its own share of its host's cores, before torch starts a thread."""
-    out: Outputs
 
 
 @dataclass
@@ -75,22 +60,22 @@ class Job(Protocol):
     """What the launcher needs of a command that runs on ranks: its config, how many ranks, and what one rank
     does. `commprof profile` is a Job whose rank runs a user's script (profile/rank.py)."""
 
-    def build_config(self, args: argparse.Namespace) -> Config:
+    def build_config(self, args: argparse.Namespace) -> JobConfig:
         """Every flag checked that can be without the world size; raises UsageError."""
 
-    def local_ranks(self, cfg: Config, slots: int) -> int:
+    def local_ranks(self, cfg: JobConfig, slots: int) -> int:
         """Ranks to start on this host when nothing launched this process: --nproc, or a default from
         `slots`, the ranks this host runs without oversubscribing (cores, or GPUs for nccl)."""
 
-    def check_world(self, cfg: Config, world_size: int) -> None:
+    def check_world(self, cfg: JobConfig, world_size: int) -> None:
         """What depends on the world size; raises UsageError."""
 
-    def rank_bytes(self, cfg: Config) -> int:
+    def rank_bytes(self, cfg: JobConfig) -> int:
         """Host memory one rank's buffers will take beyond the rank itself (bench's, at its largest size), for
         the launcher's check that the host holds the ranks (world.check_room); 0 when unknown."""
         return 0
 
-    def run_rank(self, cfg: Config, world: World, slots: int) -> int:
+    def run_rank(self, cfg: JobConfig, world: World, slots: int) -> int:
         """One rank, from start to exit code (every rank returns the job's code)."""
 
 
@@ -102,27 +87,27 @@ class Command(Job, Protocol):
     """True for a command whose report makes findings from every rank's op spans: it traces, into a private
     folder when --trace is not given (record/trace_folder.py)."""
 
-    def run_rank(self, cfg: Config, world: World, slots: int) -> int:
+    def run_rank(self, cfg: JobConfig, world: World, slots: int) -> int:
         return run_rank(self, cfg, world, slots)
 
-    def without_comm(self, cfg: Config, world: World) -> bool:
+    def without_comm(self, cfg: JobConfig, world: World) -> bool:
         """True when this process works alone, without a Comm."""
 
-    def work(self, cfg: Config, rank: Rank) -> Any:
+    def work(self, cfg: JobConfig, rank: Rank) -> Any:
         """This rank's part; returns what rank 0's report gets from it."""
 
-    def report(self, cfg: Config, rank: Rank, results: list) -> int:
+    def report(self, cfg: JobConfig, rank: Rank, results: list) -> int:
         """Rank 0: tables and files from every rank's result; returns the job's exit code."""
 
 
-def configure(command: Job, args: argparse.Namespace) -> tuple[Config, int]:
+def configure(command: Job, args: argparse.Namespace) -> tuple[JobConfig, int]:
     """The config and the number of local ranks to start, as checked before any rank starts; raises
     UsageError, changes nothing."""
     cfg, nproc, _ = _plan(command, args)
     return cfg, nproc
 
 
-def _plan(command: Job, args: argparse.Namespace) -> tuple[Config, int, int]:
+def _plan(command: Job, args: argparse.Namespace) -> tuple[JobConfig, int, int]:
     cfg = command.build_config(args)
     _check_outputs(cfg)
     have = slots(cfg.backend)
@@ -159,13 +144,13 @@ def main(command: Job, args: argparse.Namespace) -> int:
     return command.run_rank(cfg, world, have)
 
 
-def _serves(cfg: Config) -> bool:
+def _serves(cfg: JobConfig) -> bool:
     """A rank serves an endpoint the host must reach: --live's, unless --metrics-port off."""
     live = getattr(cfg, "live", None)
     return live is not None and live.address is not None
 
 
-def _check_outputs(cfg: Config) -> None:
+def _check_outputs(cfg: JobConfig) -> None:
     """Every file the job writes, --live's too, checked before any rank starts (base/files.py)."""
     live = getattr(cfg, "live", None)
     cfg.out.check(None if live is None else {"--live-log": live.log, "--metrics-targets": live.targets})
@@ -184,14 +169,14 @@ def _check_faults(world_size: int, say: bool = True) -> None:
                 sys.stderr.write(f"commprof: {line}\n")
 
 
-def _huge_pages(cfg: Config) -> None:
+def _huge_pages(cfg: JobConfig) -> None:
     """--huge-pages in this process, a rank: torch reads the variable at its first large CPU allocation,
     which comes later."""
     if cfg.huge_pages:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
 
 
-def run_rank(command: Command, cfg: Config, world: World, have: int) -> int:
+def run_rank(command: Command, cfg: JobConfig, world: World, have: int) -> int:
     """One rank from Comm to exit code; rank 0 reports, every rank returns the job's code. `have`: the
     ranks this host runs without oversubscribing."""
     if cfg.backend == "nccl" and world.local_world_size > have:
@@ -230,7 +215,7 @@ class RankLife:
     adopts the one its script's process group gives (profile/rank.py), begins when that group exists and
     gathers before it goes."""
 
-    def __init__(self, cfg: Config, world: World, have: int, *, findings: bool) -> None:
+    def __init__(self, cfg: JobConfig, world: World, have: int, *, findings: bool) -> None:
         from commprof.record import trace_folder
 
         self.cfg, self.world, self.have = cfg, world, have

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from commprof.base import flags
 from commprof.base.backends import default_backend, require_cuda
 from commprof.base.errors import UsageError
-from commprof.base.files import Outputs
+from commprof.base.flags import JobConfig
 from commprof.base.world import World
 from commprof.launcher import lifecycle
 from commprof.live.config import LiveConfig, add_live_flags, live_config
@@ -30,39 +30,24 @@ from commprof.perfmodel.fabric import Fabric, link_flag
 
 
 @dataclass(frozen=True)
-class ProfileConfig:
+class ProfileConfig(JobConfig):
     """What `commprof profile` was asked to do."""
 
     script: str
     """The script's path, as given."""
     script_args: tuple[str, ...]
     """The script's own arguments (its sys.argv[1:])."""
-    backend: str
-    """gloo or nccl: the backend an `init_process_group()` that names none gets; mpi: ranks started by mpiexec
-    (the script's process group is still torch's: gloo unless it names one)."""
-    nproc: int | None
-    """Local ranks to start; None: one per core (GPU for nccl), at least 2."""
     warmup: int
     """Iterations not measured (--warmup, 4 by default): the first, after which DDP rebuilds its buckets, and
     those after it, aligned (record/aligned.py): each collective's parties meet before it, and the median of
     their transfers prices the ops a straggler late at every step makes late (findings/whatif.py)."""
-    timeout_s: float
-    """The process group's timeout unless the script sets one: how long a rank waits on a stalled peer."""
     steps_per_epoch: int | None
     """Iterations per epoch, for volume per epoch; None: every iteration the script ran is the epoch."""
     global_batch: int | None
     """Samples per iteration across ranks, for throughput in samples/s; None: iterations/s only."""
-    huge_pages: bool = False
-    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
-    the environment has it."""
-    bind_cores: bool = False
-    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
-    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     ddp_reducer: bool = True
     """Route DistributedDataParallel's reducer (its bucket all-reduces) through Comm, by the process group
     it is given (intercept/ddp_reducer.py); False leaves them unseen in C++."""
-    out: Outputs = field(default_factory=Outputs)
-    """--json, --trace and the command line."""
     link: Fabric | None = None
     """The link the ops cross (--link-rate: a rate, a fabric spec or a bench JSON): the findings name the ops
     below half of its rate."""
@@ -111,16 +96,14 @@ def build_config(args: argparse.Namespace) -> ProfileConfig:
     for flag, value in (("--steps-per-epoch", args.steps_per_epoch), ("--global-batch", args.global_batch)):
         if value is not None:
             flags.at_least(flag, value, 1)
-    flags.check_job_flags(args)
+    job = flags.job_config(args, backend)
     rest = list(args.script_args)
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    out = Outputs.from_args(args)
-    return ProfileConfig(script=args.script, script_args=tuple(rest), backend=backend, nproc=args.nproc,
-                         warmup=args.warmup, timeout_s=args.timeout, huge_pages=args.huge_pages,
-                         bind_cores=args.bind_cores, steps_per_epoch=args.steps_per_epoch,
-                         global_batch=args.global_batch, ddp_reducer=args.ddp_reducer, out=out,
-                         link=link_flag(args.link_rate), live=live_config(args))
+    return ProfileConfig(script=args.script, script_args=tuple(rest), warmup=args.warmup,
+                         steps_per_epoch=args.steps_per_epoch, global_batch=args.global_batch,
+                         ddp_reducer=args.ddp_reducer, link=link_flag(args.link_rate), live=live_config(args),
+                         **job)
 
 
 class _Profile:

@@ -20,7 +20,6 @@ from rich.console import Console
 from commprof.base import backends, files, flags
 from commprof.base.backends import default_backend, require_cuda
 from commprof.base.errors import UsageError
-from commprof.base.files import Outputs
 from commprof.base.measurement import SOURCES as DATA
 from commprof.base.units import MAX_SIZE
 from commprof.base.world import World
@@ -59,7 +58,10 @@ examples:
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
     p.add_argument("--steps", type=int, help="optimizer steps, warm-up included (default 20 unless --epochs)")
     p.add_argument("--epochs", type=int, help="whole passes over the data instead of --steps")
-    p.add_argument("--warmup", type=int, default=2, help="steps not measured (default 2)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="steps not measured (default 2, fewer than profile's 4 as run's default 20 steps are few: "
+                        "its one aligned step cannot price a straggler's late ops; give 4 for that, "
+                        "docs/findings.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -150,14 +152,14 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} must be positive")
     if args.bucket_mb is not None and args.bucket_mb * 2 ** 20 > MAX_SIZE:  # ddp takes int(MiB × 2**20)
         raise UsageError(f"--bucket-mb {args.bucket_mb:g} is over {MAX_SIZE >> 20} MiB")
-    flags.check_job_flags(args)
+    job = flags.job_config(args, backend)
     steps = args.steps if args.steps is not None or args.epochs is not None else 20
     if args.warmup >= (steps or 10 ** 9):
         raise UsageError(f"--warmup {args.warmup} leaves no measured step of --steps {steps}")
     if args.data != "synthetic" and not args.data_dir:
         raise UsageError(f"--data {args.data} reads local files: give --data-dir")
     return RunConfig(
-        strategy=args.strategy, model=args.model, backend=backend, device=device, data=args.data,
+        strategy=args.strategy, model=args.model, device=device, data=args.data,
         data_dir=args.data_dir,
         batch_size=args.batch_size, steps=steps, epochs=args.epochs, warmup=args.warmup, seed=args.seed,
         lr=args.lr, optimizer=args.optimizer, bucket_mb=args.bucket_mb or 25.0,
@@ -167,10 +169,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         dp=args.dp, pp=args.pp, tp=args.tp, micro_batches=args.micro_batches, balance=args.balance, cuts=cuts,
         num_classes=args.num_classes, image_size=args.image_size, in_channels=args.in_channels,
         seq_len=args.seq_len, samples=args.samples, loss_threshold=args.loss_threshold,
-        eval_samples=args.eval_samples, timeout_s=args.timeout, huge_pages=args.huge_pages,
-        bind_cores=args.bind_cores, save_state=args.save_state,
-        torch_profiler=args.torch_profiler, nproc=args.nproc,
-        out=Outputs.from_args(args), link=link_flag(args.link_rate), live=live_config(args))
+        eval_samples=args.eval_samples, save_state=args.save_state, torch_profiler=args.torch_profiler,
+        link=link_flag(args.link_rate), live=live_config(args), **job)
 
 
 def _cuts(text: str | None) -> tuple[int, ...] | None:

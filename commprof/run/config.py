@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from commprof.base.files import Outputs
-from commprof.base.flags import TIMEOUT_S
+from commprof.base.flags import JobConfig
 
 if TYPE_CHECKING:
     from commprof.live.config import LiveConfig
@@ -17,15 +16,13 @@ from commprof.perfmodel.fabric import Fabric
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(JobConfig):
     strategy: str
     """Key of commprof.strategies.CATALOG (`commprof run --help` lists them): commprof's own, built on Comm
     (single, naive-dp, ddp, zero1, zero2, fsdp, mpi-dp, pipeline-gpipe, pipeline-1f1b, tensor), and PyTorch's,
     profiled as they are (torch-ddp, torch-fsdp, torch-pipeline-gpipe, torch-pipeline-1f1b)."""
     model: str
     """Key of commprof.models.MODELS."""
-    backend: str
-    """gloo, nccl or mpi."""
     device: str = "cpu"
     """Where the tensors live (--device): cuda for nccl; gloo moves either, so ranks can share one GPU."""
     data: str = "synthetic"
@@ -88,20 +85,8 @@ class RunConfig:
     """Report the first step whose loss (mean over ranks) is at or below this."""
     eval_samples: int = 1000
     """Held-out samples to measure accuracy on after training (0: none)."""
-    timeout_s: float = TIMEOUT_S
-    """Seconds a rank may wait on its peers."""
-    huge_pages: bool = False
-    """torch's large CPU buffers on transparent huge pages in every rank (--huge-pages); False: the allocator as
-    the environment has it."""
-    bind_cores: bool = False
-    """Each rank bound to its own share of its host's cores (--bind-cores); False: unbound, as torchrun leaves
-    ranks. Unbound CPU ranks lend each other their cores: one that waits on a peer frees its core."""
     save_state: str | None = None
     """Write the final full model state_dict here (rank 0)."""
-    nproc: int | None = None
-    """Local ranks to start (--nproc); None: sized by the model-parallel degrees, else one per core or GPU."""
-    out: Outputs = Outputs()
-    """Files the job writes (--json: every figure per rank per iteration) and its command line."""
     link: Fabric | None = None
     """The link the ops cross (--link-rate: a rate, a fabric spec or a bench JSON): the findings name the ops
     below half of its rate."""

@@ -39,16 +39,16 @@ def test_format_bytes():
 
 
 def test_sweeps_multiply_and_add():
-    assert BenchConfig(("all_reduce",), "gloo", min_bytes=8, max_bytes=64).sizes() == [8, 16, 32, 64]
-    assert BenchConfig(("all_reduce",), "gloo", min_bytes=8, max_bytes=200, step_factor=4).sizes() == [8, 32, 128]
-    assert BenchConfig(("all_reduce",), "gloo", min_bytes=100, max_bytes=400, step_bytes=100).sizes() == \
+    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=8, max_bytes=64).sizes() == [8, 16, 32, 64]
+    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=8, max_bytes=200, step_factor=4).sizes() == [8, 32, 128]
+    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=100, max_bytes=400, step_bytes=100).sizes() == \
         [100, 200, 300, 400]
-    assert BenchConfig(("all_reduce",), "gloo", min_bytes=64, max_bytes=64, step_factor=1).sizes() == [64]
+    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=64, max_bytes=64, step_factor=1).sizes() == [64]
 
 
 def test_sweep_rejects_inverted_range():
     with pytest.raises(UsageError, match="-b 128 is larger than -e 64"):
-        BenchConfig(("all_reduce",), "gloo", min_bytes=128, max_bytes=64).sizes()
+        BenchConfig(("all_reduce",), backend="gloo", min_bytes=128, max_bytes=64).sizes()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])

@@ -391,14 +391,22 @@ KEEP = 1000
 holds is then what a 1,000-step one does."""
 
 
-def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None,
-           link=None, local_rank: int = 0, local_world_size: int | None = None, backend: str = "") -> Live:
-    """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
-    clock = tracker.recorder.clock
-    live = Live(cfg, rank=rank, world_size=world_size, control=control,
+def start(cfg: LiveConfig, *, clock, progress, rank: int, world_size: int, control, contention=None, link=None,
+          local_rank: int = 0, local_world_size: int | None = None, backend: str = "") -> Live:
+    """The Live of a job whose iterations `clock` times (CUDA's: each op's time read once its window folds) and
+    whose progress line rank 0's says: run's loop and profile's tracker (attach) both start theirs here."""
+    return Live(cfg, rank=rank, world_size=world_size, control=control,
                 elapsed_ns=clock.elapsed_ns if clock.kind == "cuda" else None,
                 show=progress.say if rank == 0 else None, contention=contention, link=link,
                 local_rank=local_rank, local_world_size=local_world_size, backend=backend)
+
+
+def attach(cfg: LiveConfig, tracker, *, rank: int, world_size: int, control, progress, contention=None,
+           link=None, local_rank: int = 0, local_world_size: int | None = None, backend: str = "") -> Live:
+    """A Live fed by `tracker`'s measured iterations (which then keeps the last KEEP), its line on `progress`."""
+    live = start(cfg, clock=tracker.recorder.clock, progress=progress, rank=rank, world_size=world_size,
+                 control=control, contention=contention, link=link, local_rank=local_rank,
+                 local_world_size=local_world_size, backend=backend)
     tracker.live = live.add
     tracker.keep = KEEP
     return live

@@ -239,19 +239,23 @@ class _Run(lifecycle.Command):
         from commprof.run.loop import train
 
         comm = rank.comm if cfg.strategy != "single" else None
-        live = None
+        start_live, started = None, []
         if cfg.live is not None:
-            from commprof.live.monitor import Live
+            from commprof.live import monitor
 
-            live = Live(cfg.live, rank=rank.world.rank, world_size=rank.world.world_size,
-                        control=rank.comm.control if rank.comm is not None else None, contention=rank.contention,
-                        link=cfg.link, local_rank=rank.world.local_rank,
-                        local_world_size=rank.world.local_world_size, backend=cfg.backend)
-            rank.on_failure(lambda code, message: live.close(message))
-        result, state = train(cfg, comm, rank.device, on_step=on_step, live=live)
+            def start_live(clock, progress) -> monitor.Live:  # as profile attaches its own (live/monitor.py)
+                live = monitor.start(cfg.live, clock=clock, progress=progress, rank=rank.world.rank,
+                                     world_size=rank.world.world_size,
+                                     control=rank.comm.control if rank.comm is not None else None,
+                                     contention=rank.contention, link=cfg.link, local_rank=rank.world.local_rank,
+                                     local_world_size=rank.world.local_world_size, backend=cfg.backend)
+                rank.on_failure(lambda code, message: live.close(message))
+                started.append(live)
+                return live
+        result, state = train(cfg, comm, rank.device, on_step=on_step, start_live=start_live)
         if kept is not None:  # no snapshot after this: the report replaces the file
             kept.close()
-        if live is not None:
+        for live in started:
             live.close()
         if cfg.save_state and rank.world.rank == 0:
             tmp = f"{cfg.save_state}.tmp{os.getpid()}"

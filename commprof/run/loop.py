@@ -64,11 +64,12 @@ def _checkpointed(forward):
     return run
 
 
-def train(cfg: RunConfig, comm, device: torch.device, on_step=None, live=None) -> tuple[dict, dict | None]:
+def train(cfg: RunConfig, comm, device: torch.device, on_step=None, start_live=None) -> tuple[dict, dict | None]:
     """Train on this rank; returns (figures, state): per-iteration figures, losses, volume, memory and
     accuracy as plain data, and the whole model's state_dict if --save-state asks for it (else None).
-    `on_step(iterations)` sees the measured iterations so far after each one (to save them early); `live` (a
-    live/monitor.py Live, --live) folds each one with its ops and waits."""
+    `on_step(iterations)` sees the measured iterations so far after each one (to save them early);
+    `start_live(clock, progress)` (--live) gives the live/monitor.py Live that folds each one with its ops and
+    waits, started once the loop's clock and progress line exist."""
     source, spec = build(cfg)
     spec.module.to(device)
     # counted before a tensor-parallel strategy replaces layers by this rank's slices
@@ -91,10 +92,7 @@ def train(cfg: RunConfig, comm, device: torch.device, on_step=None, live=None) -
     measured = ANNOTATOR.label(MEASURED, "iteration")
     progress = StepProgress("iteration", total, show=comm is None or comm.rank == 0)
     injector = comm.fault if comm is not None else None  # every group's (record/aligned.py wraps it a while)
-    if live is not None:
-        live.fold.elapsed_ns = clock.elapsed_ns if clock.kind == "cuda" else None
-        if live.rank == 0:
-            live.show = progress.say
+    live = start_live(clock, progress) if start_live is not None else None
     with kineto.profiler(cfg.torch_profiler, comm, device, steps=total, warmup=cfg.warmup) as prof, progress:
         for t in range(total):
             if t == cfg.warmup:

@@ -106,6 +106,14 @@ def add_link_flag(p: argparse.ArgumentParser) -> None:
                         "that reach less than half of it")
 
 
+def add_plot_flag(p: argparse.ArgumentParser, *, launcher: bool) -> None:
+    """--plot DIR, PNG figures into a folder: bench's and run's (`launcher`: drawn by commprof's own launcher,
+    refused on ranks started by another, refuse_plot) and report's, from a JSON. predict's --plot is one file
+    of its own meaning."""
+    p.add_argument("--plot", metavar="DIR",
+                   help="PNG plots into DIR" + (" (with commprof's own launcher)" if launcher else ""))
+
+
 def check_job_flags(args: argparse.Namespace) -> None:
     """The checks on add_job_flags' numbers."""
     at_least("--nproc", args.nproc, 1)

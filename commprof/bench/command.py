@@ -99,7 +99,7 @@ examples:
                    help="stdout: table (Rich tables and a summary, default) or nccl-tests (nccl-tests' own text, "
                         "a block per collective, for parsers of its logs; barrier, which it lacks, is left out)")
     nccl_flags.add_flags(p)
-    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
+    flags.add_plot_flag(p, launcher=True)
     p.add_argument("--link-rate", metavar="RATE",
                    help="the link's rate, drawn on --plot's bus bandwidth panels: GB/s, or e.g. 200Gbit/s")
     p.set_defaults(func=main)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from commprof.base import flags
 from commprof.base.errors import UsageError
 from commprof.base.files import said
 from commprof.base.inputs import read_json, wrong_shape
@@ -44,7 +45,7 @@ examples:
 """)
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="--json files of commprof bench, run or a grid; or one --live-log file")
-    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR")
+    flags.add_plot_flag(p, launcher=False)
     p.add_argument("--markdown", action="store_true",
                    help="run and grid results: the comparison table as GitHub Markdown on stdout")
     p.add_argument("--link-rate", metavar="RATE",

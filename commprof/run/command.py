@@ -94,7 +94,7 @@ examples:
     flags.add_link_flag(p)
     add_live_flags(p)
     p.add_argument("--save-state", metavar="PATH", help="write the final full model state_dict (rank 0)")
-    p.add_argument("--plot", metavar="DIR", help="PNG plots into DIR (with commprof's own launcher)")
+    flags.add_plot_flag(p, launcher=True)
     p.add_argument("--torch-profiler", metavar="DIR",
                    help="also a PyTorch profiler (Kineto) trace per rank, with what Holistic Trace Analysis needs")
     p.set_defaults(func=main)

@@ -14,7 +14,7 @@ import torch
 
 from commprof.base.world import discover
 from commprof.comm import end_process, init_comm
-from commprof.record.figures import mean_volume
+from commprof.record.step_figures import mean_volume
 from commprof.run.config import RunConfig
 from commprof.run.loop import train
 

@@ -127,8 +127,8 @@ def render(doc: dict) -> None:
 
 
 def plot(doc: dict, path: str) -> None:
-    from commprof.report.figures import color as _color
-    from commprof.report.figures import figure as _figure
+    from commprof.report.canvas import color as _color
+    from commprof.report.canvas import figure as _figure
 
     with _figure(path, (10.0, 4.5), 1, 2) as (fig, axes):
         step, eff = axes[0][0], axes[0][1]

@@ -20,8 +20,8 @@ from pathlib import Path
 from commprof.base.errors import UsageError
 from commprof.perfmodel.timeline import from_ranks
 from commprof.profile.torch_record import reconcile
-from commprof.record.figures import mean_volume, time_row, time_summary
 from commprof.record.merge import load
+from commprof.record.step_figures import mean_volume, time_row, time_summary
 from commprof.record.volume import volume_table
 from commprof.report.op_table import op_time_rows
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commprof.report.figures import color, figure
+from commprof.report.canvas import color, figure
 from commprof.report.findings_block import waits_of
 
 SIZE = (7.0, 4.0)

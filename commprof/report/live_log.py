@@ -179,7 +179,7 @@ def render(doc: dict, console, *, plot_dir: str | None = None) -> list[Path]:
 
 def plot(windows: list[dict], path: Path) -> Path:
     """The step time, and each finding's ms/step (0 where a window does not hold it), against the step."""
-    from commprof.report.figures import draw_lines, figure
+    from commprof.report.canvas import draw_lines, figure
 
     path.parent.mkdir(parents=True, exist_ok=True)
     x = [(w["first_step"] + w["last_step"]) / 2 for w in windows]

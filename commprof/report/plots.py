@@ -17,9 +17,9 @@ from pathlib import Path
 
 from commprof.base.units import format_bytes
 from commprof.report.bench_table import ranks_key, ranks_label, several_roots
-from commprof.report.figures import DPI, draw_lines
-from commprof.report.figures import color as _color
-from commprof.report.figures import figure as _figure
+from commprof.report.canvas import DPI, draw_lines
+from commprof.report.canvas import color as _color
+from commprof.report.canvas import figure as _figure
 
 __all__ = ["DPI", "bench_plots", "run_plots"]
 BENCH_SIZE = (10.0, 4.5)

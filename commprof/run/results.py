@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from commprof.record.figures import mean_volume, time_row, time_summary
+from commprof.record.step_figures import mean_volume, time_row, time_summary
 from commprof.record.volume import volume_table
 from commprof.run.pipeline_figures import pipeline_section
 

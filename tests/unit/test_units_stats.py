@@ -40,7 +40,8 @@ def test_format_bytes():
 
 def test_sweeps_multiply_and_add():
     assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=8, max_bytes=64).sizes() == [8, 16, 32, 64]
-    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=8, max_bytes=200, step_factor=4).sizes() == [8, 32, 128]
+    assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=8, max_bytes=200, step_factor=4).sizes() == \
+        [8, 32, 128]
     assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=100, max_bytes=400, step_bytes=100).sizes() == \
         [100, 200, 300, 400]
     assert BenchConfig(("all_reduce",), backend="gloo", min_bytes=64, max_bytes=64, step_factor=1).sizes() == [64]

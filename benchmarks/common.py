@@ -2,8 +2,8 @@
 record, a rank's batches, arms interleaved round by round, a median with its 95 % confidence interval.
 
 Not a benchmark itself: every benchmarks/*.py script imports it (Python puts the script's folder first on
-sys.path), and no script imports another. Exercised by `pytest tests/test_benchmarks.py`, which runs every
-script with --quick.
+sys.path), as do gpu_checks.py's steps in gpu_steps/ (`capture`: a command whose failure is theirs to record).
+Exercised by `pytest tests/test_benchmarks.py`, which runs every script with --quick.
 
 Flags. `parser()` gives every benchmark `--quick` and `--json PATH`; `parse()` reads them. A quick run takes
 a few seconds (the smallest sizes, one or two rounds, few steps) and writes only the files named on its
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,18 +111,30 @@ def wait_all(procs: list[subprocess.Popen], timeout_s: float) -> subprocess.Pope
     return next((p for p in procs if p.returncode), None)
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every live process (a launcher passes it to its ranks), SIGKILL what is left after the grace."""
+def stop(procs: list[subprocess.Popen], *, group: bool = False) -> None:
+    """SIGTERM every live process (a launcher passes it to its ranks), SIGKILL what is left after the grace.
+    With `group`, each signal goes to the process's whole session (one started with start_new_session), so
+    what it started goes too."""
     for p in procs:
         if p.poll() is None:
-            p.terminate()
+            _signal(p, signal.SIGTERM, group)
     deadline = time.monotonic() + TERM_GRACE_S
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal(p, signal.SIGKILL, group)
             p.wait()
+
+
+def _signal(p: subprocess.Popen, sig: int, group: bool) -> None:
+    if not group:
+        p.send_signal(sig)
+        return
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:  # the session ended between the check and the signal
+        pass
 
 
 def run_all(commands: list[tuple[list[str], dict | None]], *, timeout_s: float, what: str,
@@ -159,6 +172,34 @@ def gist(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if re.search(r"\w", line)]
     errors = [line for line in lines if re.search(r"(Error|Exception)\b:|\berror: ", line)]
     return (errors or lines or ["(nothing on stderr)"])[-1]
+
+
+RUNNING: list[subprocess.Popen] = []
+"""The processes capture() is waiting on, for a signal handler to stop: stop(RUNNING, group=True)."""
+
+
+def capture(argv: list[str], *, timeout_s: float, env: dict | None = None, cwd: str | Path | None = None) -> dict:
+    """One command in a session of its own for at most timeout_s, output to files, whatever it exits with:
+    {"rc": its exit status, None when stopped at the deadline (its session with it), "wall_s", "stdout",
+    "stderr"}. Unlike job(), nothing exits here: the caller judges a failure (gpu_checks.py records it and goes
+    on to its next check)."""
+    with tempfile.TemporaryDirectory(prefix="commprof-bench-") as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        t0 = time.monotonic()
+        with open(out, "w") as out_f, open(err, "w") as err_f:
+            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        RUNNING.append(proc)
+        try:
+            rc = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            stop([proc], group=True)
+            rc = None
+        finally:
+            RUNNING.remove(proc)
+        wall = time.monotonic() - t0
+        return {"rc": rc, "wall_s": round(wall, 2), "stdout": out.read_text(errors="replace"),
+                "stderr": err.read_text(errors="replace")}
 
 
 def job(argv: list[str], *, env: dict | None = None, timeout_s: float, what: str, cwd: str | None = None) -> str:

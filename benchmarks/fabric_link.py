@@ -1,4 +1,4 @@
-"""commprof held to a link of known speed: two hosts made by tools/fabric (network namespaces, each link
+"""commprof held to a link of known speed: two hosts made by tools/hosts (network namespaces, each link
 shaped to RATE both ways, each host pinned to a core of its own), one rank on each, for each rate in turn:
 
 - `bench sendrecv all_reduce --algo library,ring` on gloo (torchrun, c10d rendezvous) and on MPI (hydra
@@ -16,7 +16,7 @@ shaped to RATE both ways, each host pinned to a core of its own), one rank on ea
 to see that it runs.
 
 The hosts are a fabric of this run's own (COMMPROF_FABRIC=fl<pid>: hosts fl<pid>-h0 and -h1), so another
-fabric on the machine is left alone. Needs root, ip, tc, unshare (tools/fabric): without them it says so in
+fabric on the machine is left alone. Needs root, ip, tc, unshare (tools/hosts): without them it says so in
 one line and exits 77. Results: benchmarks/README.md.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from common import ROOT, job, parse, parser, run_all, skip
 
-FABRIC = str(ROOT / "tools" / "fabric")
+FABRIC = str(ROOT / "tools" / "hosts")
 NAME = f"fl{os.getpid()}"
 """This run's fabric (COMMPROF_FABRIC): hosts NAME-h0, NAME-h1, apart from any other fabric on the machine."""
 HOSTS = (f"{NAME}-h0", f"{NAME}-h1")
@@ -109,15 +109,15 @@ def main() -> int:
                     help="the ddp run's steps, its 2 warm-up steps included (default 8)")
     args = parse(ap, QUICK)
     if os.geteuid() != 0:
-        skip("fabric_link", "needs root (tools/fabric)")
+        skip("fabric_link", "needs root (tools/hosts)")
     if missing := [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]:
-        skip("fabric_link", f"tools/fabric needs {', '.join(missing)} on PATH")
-    os.environ["COMMPROF_FABRIC"] = NAME  # every tools/fabric call below, hydra's through it included
+        skip("fabric_link", f"tools/hosts needs {', '.join(missing)} on PATH")
+    os.environ["COMMPROF_FABRIC"] = NAME  # every tools/hosts call below, hydra's through it included
     rows = []
     with tempfile.TemporaryDirectory(prefix="fabric-link-") as tmp:
         try:
             for rate in args.rates.split(","):
-                job([FABRIC, "up", "2", "--rate", rate, "--pin"], timeout_s=120, what="fabric_link: tools/fabric up")
+                job([FABRIC, "up", "2", "--rate", rate, "--pin"], timeout_s=120, what="fabric_link: tools/hosts up")
                 link = rate_GBps(rate)
                 row = {"rate": rate, "rate_GBps": link}
                 for backend in ("gloo", "mpi"):

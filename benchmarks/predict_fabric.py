@@ -1,4 +1,4 @@
-"""`commprof predict` held to runs it did not see: four hosts made by tools/fabric (every link shaped to
+"""`commprof predict` held to runs it did not see: four hosts made by tools/hosts (every link shaped to
 RATE), one rank on each. Fit on two hosts — `bench sendrecv` for the link's α and β, `run --trace` of each
 strategy for the measured iteration — then predict three and four hosts, and run them.
 
@@ -14,7 +14,7 @@ a few percent of a step, so the comparison is of the communication the replay re
 measured); to see that it runs.
 
 The hosts are a fabric of this run's own (COMMPROF_FABRIC=pf<pid>: hosts pf<pid>-h0 …), so another fabric
-on the machine is left alone. Needs root, ip, tc, unshare (tools/fabric): without them it says so in one
+on the machine is left alone. Needs root, ip, tc, unshare (tools/hosts): without them it says so in one
 line and exits 77. Results: benchmarks/README.md.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import ROOT, job, parse, parser, run_all, skip
 
-FABRIC = str(ROOT / "tools" / "fabric")
+FABRIC = str(ROOT / "tools" / "hosts")
 NAME = f"pf{os.getpid()}"
 """This run's fabric (COMMPROF_FABRIC): hosts NAME-h0 …, apart from any other fabric on the machine."""
 STRATEGIES = ("ddp", "fsdp")
@@ -63,7 +63,7 @@ def one_rate(rate: str, tmp: Path, plot: Path | None, *, hosts: list[int], strat
              run: list[str]) -> dict:
     from commprof.perfmodel import timeline
 
-    job([FABRIC, "up", str(max(hosts)), "--rate", rate], timeout_s=120, what="predict_fabric: tools/fabric up")
+    job([FABRIC, "up", str(max(hosts)), "--rate", rate], timeout_s=120, what="predict_fabric: tools/hosts up")
     try:
         bench = tmp / f"{rate}-bench.json"
         on_hosts(hosts[0], ["bench", "sendrecv", "-b", "256K", "-e", "4M", "-f", "4", "-n", "8", "-w", "2",
@@ -111,10 +111,10 @@ def main() -> int:
     if hosts[0] < 2 or hosts != sorted(set(hosts)) or not set(strategies) <= set(STRATEGIES):
         ap.error(f"--hosts: rising, from 2; --strategies: of {', '.join(STRATEGIES)}")
     if os.geteuid() != 0:
-        skip("predict_fabric", "needs root (tools/fabric)")
+        skip("predict_fabric", "needs root (tools/hosts)")
     if missing := [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]:
-        skip("predict_fabric", f"tools/fabric needs {', '.join(missing)} on PATH")
-    os.environ["COMMPROF_FABRIC"] = NAME  # every tools/fabric call below
+        skip("predict_fabric", f"tools/hosts needs {', '.join(missing)} on PATH")
+    os.environ["COMMPROF_FABRIC"] = NAME  # every tools/hosts call below
     run = [*RUN[:RUN.index("--steps") + 1], str(args.steps), *RUN[RUN.index("--steps") + 2:]]
     with tempfile.TemporaryDirectory(prefix="predict-fabric-") as tmp:
         results = [one_rate(rate, Path(tmp), Path(args.plot) if i == 0 and args.plot else None, hosts=hosts,

@@ -1,4 +1,4 @@
-"""Hosts of our own (tools/fabric: network namespaces on one bridge, each link rate-shaped) and commprof
+"""Hosts of our own (tools/hosts: network namespaces on one bridge, each link rate-shaped) and commprof
 across them under each launcher: torchrun with c10d rendezvous, mpiexec whose hydra starts its proxies
 through the fabric, and srun's variables set by hand. What the profiler measures is held to the link's
 rate. Skips, with the reason, where this is not root or `ip`, `tc` or `unshare` is missing."""
@@ -19,7 +19,7 @@ from spawn import _run, env_for_tests
 from commprof.perfmodel.alphabeta import fit
 
 ROOT = Path(__file__).resolve().parents[1]
-FABRIC = str(ROOT / "tools" / "fabric")
+FABRIC = str(ROOT / "tools" / "hosts")
 RATE, RATE_GBPS = "200mbit", 0.025
 NAME = f"t{os.getpid()}"
 """This run's fabric (COMMPROF_FABRIC): another checkout's tests, or its benchmarks, may have theirs up."""
@@ -27,7 +27,7 @@ HOSTS = (f"{NAME}-h0", f"{NAME}-h1")
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")),
-    reason="tools/fabric needs root, ip, tc and unshare")
+    reason="tools/hosts needs root, ip, tc and unshare")
 
 
 def fabric(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -343,7 +343,7 @@ def test_bad_input_is_one_line_exit_2(hosts, args, words):
     args, words = [a.replace("{NAME}", NAME) for a in args], words.replace("{NAME}", NAME)
     proc = fabric(*args, check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("fabric: error: ") and words in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("hosts: error: ") and words in proc.stderr, proc.stderr
 
 
 def test_without_root_it_says_so(tmp_path):
@@ -351,7 +351,7 @@ def test_without_root_it_says_so(tmp_path):
         pytest.skip("setpriv is missing")
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, FABRIC,
                            "hosts"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr == "fabric: error: fabric needs root (network namespaces, veth " \
+    assert proc.returncode == 2 and proc.stderr == "hosts: error: hosts needs root (network namespaces, veth " \
         "links, tc)\n", proc.stderr
 
 
@@ -387,5 +387,5 @@ def test_two_fabrics_keep_their_own_hosts(hosts):
     assert fabric("exec", HOSTS[1], "--", "hostname").stdout.strip() == HOSTS[1]  # ours still up
     bad = subprocess.run([FABRIC, "hosts"], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, COMMPROF_FABRIC="a b"))
-    assert bad.returncode == 2 and bad.stderr == "fabric: error: COMMPROF_FABRIC='a b': give 1 to 12 letters " \
+    assert bad.returncode == 2 and bad.stderr == "hosts: error: COMMPROF_FABRIC='a b': give 1 to 12 letters " \
         "or digits\n", bad.stderr

@@ -1,4 +1,4 @@
-"""A live job across hosts of our own (tools/fabric: 4 network-namespace hosts × 2 ranks, torchrun on each):
+"""A live job across hosts of our own (tools/hosts: 4 network-namespace hosts × 2 ranks, torchrun on each):
 each host's first local rank combines its own ranks' windows and serves them on its own endpoint, rank 0
 combines the hosts' parts and writes their endpoints for Prometheus' file_sd. A real Prometheus, inside the
 first host, scrapes every host through that file; a rank of the last host slowed from a step on is named
@@ -19,7 +19,7 @@ import pytest
 from spawn import _run, env_for_tests
 
 ROOT = Path(__file__).resolve().parents[1]
-FABRIC = str(ROOT / "tools" / "fabric")
+FABRIC = str(ROOT / "tools" / "hosts")
 MONITORING = ROOT / "tools" / "monitoring"
 SCRIPT = str(ROOT / "tests" / "scripts" / "straggler_train.py")
 NAME = f"lh{os.getpid()}"
@@ -35,7 +35,7 @@ PROMETHEUS_PORT = 9090
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc", "unshare")),
-    reason="tools/fabric needs root, ip, tc and unshare")
+    reason="tools/hosts needs root, ip, tc and unshare")
 
 
 def fabric(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""`commprof predict` against runs it did not see: four fabric hosts (tools/fabric, every link shaped to
+"""`commprof predict` against runs it did not see: four fabric hosts (tools/hosts, every link shaped to
 50 Mbit/s), one rank on each. The link's α and β come from `bench sendrecv` on two hosts and the measured
 iteration from `run --trace` of DDP on two hosts; the step predicted for four hosts must be within 15% of
 the step measured there (benchmarks/predict_fabric.py holds three hosts too). Skips where this is not root

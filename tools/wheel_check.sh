@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The package as a user gets it: build the wheel from this checkout, check that it holds every module
-# (tools/check_wheel.py), install it without -e into a clean venv outside the checkout, and run one short
+# (tools/wheel_modules.py), install it without -e into a clean venv outside the checkout, and run one short
 # bench, run and profile from there. Each prints its own figures; any failure exits non-zero.
 #
 #   tools/wheel_check.sh [WORKDIR]       # default: a new temporary folder, removed at the end
@@ -10,7 +10,7 @@ if [ $# -ge 1 ]; then work=$(realpath -m "$1"); mkdir -p "$work"; else
     work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
 
 python3 -m pip wheel -q --no-deps -w "$work/dist" "$root"
-python3 "$root/tools/check_wheel.py" "$work"/dist/commprof-*.whl
+python3 "$root/tools/wheel_modules.py" "$work"/dist/commprof-*.whl
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$work"/dist/commprof-*.whl
 

@@ -1,7 +1,7 @@
 """A built wheel holds every module of the source tree: each .py file under commprof/ and kernels/ (the latter
 as commprof/kernels/), so an installed commprof imports all that its code imports. Nothing is installed.
 
-    python tools/check_wheel.py dist/commprof-*.whl
+    python tools/wheel_modules.py dist/commprof-*.whl
 
 Exit 0 and one line with the count; exit 1 and one line naming what the wheel lacks.
 """
@@ -28,20 +28,20 @@ def expected() -> set[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python tools/check_wheel.py WHEEL", file=sys.stderr)
+        print("usage: python tools/wheel_modules.py WHEEL", file=sys.stderr)
         return 2
     try:
         held = set(zipfile.ZipFile(argv[0]).namelist())
     except (OSError, zipfile.BadZipFile) as e:
-        print(f"check_wheel: cannot read {argv[0]}: {e}", file=sys.stderr)
+        print(f"wheel_modules: cannot read {argv[0]}: {e}", file=sys.stderr)
         return 2
     missing = sorted(expected() - held)
     if missing:
         folders = sorted({m.rsplit("/", 1)[0] for m in missing})
-        print(f"check_wheel: {argv[0]} lacks {len(missing)} module(s) in {', '.join(folders)} "
+        print(f"wheel_modules: {argv[0]} lacks {len(missing)} module(s) in {', '.join(folders)} "
               f"(e.g. {missing[0]})", file=sys.stderr)
         return 1
-    print(f"check_wheel: {Path(argv[0]).name} holds all {len(expected())} modules of commprof/ and kernels/")
+    print(f"wheel_modules: {Path(argv[0]).name} holds all {len(expected())} modules of commprof/ and kernels/")
     return 0
 
 

@@ -125,7 +125,7 @@ def test_a_local_job_listens_on_loopback_only(backend):
 @pytest.mark.parametrize("user_namespace", [False, True])
 def test_the_jobs_network_namespace_holds_loopback_alone(user_namespace):
     # the path a user without root takes too (a user namespace first): the same uid, a new namespace, lo up
-    show = ("import os, socket; from commprof import netns; assert netns.enter(user_namespace={u}); "
+    show = ("import os, socket; from commprof.launcher import netns; assert netns.enter(user_namespace={u}); "
             "server = socket.create_server(('127.0.0.1', 0)); socket.create_connection(server.getsockname()); "
             "print(os.geteuid(), os.readlink('/proc/self/ns/net'), open('/proc/self/net/dev').read())")
     proc = subprocess.run([sys.executable, "-c", show.format(u=user_namespace)], env=env_for_tests(),

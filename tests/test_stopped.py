@@ -159,7 +159,7 @@ def test_a_rank_stopped_in_start_up_is_named_by_the_launcher(backend):
 
 def test_the_start_up_deadline_ends_a_waiting_rank_with_exit_3(tmp_path):
     # the deadline alone, on a call that holds the GIL (a busy C loop in a regex): a thread could not end it
-    script = ("import re; from commprof import deadline\n"
+    script = ("import re; from commprof.base import deadline\n"
               "with deadline.guard('MPI_Init', timeout_s=0.5, rank=1):\n"
               "    re.match(r'(a+)+$', 'a' * 40 + 'b')\n")
     proc, took = python_c(script, timeout=60)
@@ -172,7 +172,7 @@ def test_the_start_up_deadline_ends_a_waiting_rank_with_exit_3(tmp_path):
 def test_the_start_up_deadline_leaves_quietly_when_the_call_returns():
     # past the deadline and its slack, the rank lives on and SIGQUIT is what it was before (libc's view:
     # SIG_DFL, or SIG_IGN for a process a shell started in the background)
-    script = ("import ctypes, signal, time; from commprof import deadline\n"
+    script = ("import ctypes, signal, time; from commprof.base import deadline\n"
               "libc = ctypes.CDLL(None); libc.signal.restype = ctypes.c_void_p\n"
               "libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)\n"
               "before = libc.signal(signal.SIGQUIT, None); libc.signal(signal.SIGQUIT, before)\n"

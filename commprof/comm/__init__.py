@@ -18,15 +18,15 @@ from typing import NoReturn
 
 import torch
 
-from commprof.base import deadline, job
+from commprof.base import job
 from commprof.base.backends import BACKENDS, YIELD_ENV, default_backend, free_port, require_cuda, slots, unsupported
 from commprof.base.errors import PeerError, PeerTimeoutError, UsageError
 from commprof.base.world import World
 from commprof.comm import gloo_comm, mpi_comm
 from commprof.comm.base import Comm
 from commprof.comm.failure.control import ControlPlane
-from commprof.comm.failure.faults import Injector
 from commprof.comm.handle import Handle
+from commprof.comm.joining import Joining
 from commprof.record.clock import CpuClock, CudaClock
 
 __all__ = ["Comm", "Handle", "BACKENDS", "YIELD_ENV", "default_backend", "unsupported", "init_comm",
@@ -58,24 +58,14 @@ def init_comm(world: World, *, backend: str, timeout_s: float, oversubscribed: b
     tensors live (backends.device); None: cuda for nccl, cpu otherwise."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    fault = Injector.for_rank(world.rank)
-    if fault is not None:
-        fault.start()
-    # before MPI_Init or a rendezvous: both hold the interpreter, so no watchdog could see a stopped peer
-    job.check_in(world.rank, world.world_size, timeout_s=timeout_s)
-    with deadline.guard("MPI_Init" if backend == "mpi" else "the rendezvous", timeout_s=timeout_s, rank=world.rank):
-        if fault is not None:
-            fault.start("init")
-        if backend == "mpi":
-            if world.local_world_size >= world.world_size:
-                _loopback_transports()
-            comm = _init_mpi(world, oversubscribed)
-            comm.timeout_s = timeout_s
-            if world.world_size > 1:
-                comm.control = _mpi_control(world, timeout_s)
-        else:
-            comm = _init_torch(world, backend, timeout_s, device or ("cuda" if backend == "nccl" else "cpu"))
-    comm.fault = fault
+    joining = Joining(world, timeout_s=timeout_s)
+    joining.check_in()
+    if backend == "mpi":
+        comm = joining.meet(lambda _: _init_mpi(world, oversubscribed, timeout_s), what="MPI_Init")
+    else:
+        device = device or ("cuda" if backend == "nccl" else "cpu")
+        comm = joining.meet(lambda _: _init_torch(world, backend, timeout_s, device))  # its Comm opens the store
+    comm.fault = joining.fault
     _OPENED.append(backend)
     return comm
 
@@ -248,7 +238,9 @@ def _loopback_transports() -> None:
         os.environ.setdefault(key, value)
 
 
-def _init_mpi(world: World, oversubscribed: bool) -> Comm:
+def _init_mpi(world: World, oversubscribed: bool, timeout_s: float) -> Comm:
+    if world.local_world_size >= world.world_size:
+        _loopback_transports()
     if oversubscribed:
         for key, value in YIELD_ENV.items():
             os.environ.setdefault(key, value)  # read by MPI_Init, which the import below runs
@@ -260,7 +252,11 @@ def _init_mpi(world: World, oversubscribed: bool) -> Comm:
     if size > 1:  # every rank maps MPICH's intranode segment once all have passed here: its name can go
         MPI.COMM_WORLD.Barrier()
         job.unlink_shared_memory()
-    return mpi_comm.MpiComm(comm=MPI.COMM_WORLD, clock=CpuClock())
+    comm = mpi_comm.MpiComm(comm=MPI.COMM_WORLD, clock=CpuClock())
+    comm.timeout_s = timeout_s
+    if world.world_size > 1:
+        comm.control = _mpi_control(world, timeout_s)
+    return comm
 
 
 def _own_address(world: World) -> str:

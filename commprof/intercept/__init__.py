@@ -2,7 +2,7 @@
 as one, so that every op the script's process groups carry is timed, counted and NVTX-wrapped by Comm, or
 listed in `unseen` by name.
 
-    with Interception(recorder, warmup=2, on_default_group=adopt) as caught:
+    with Interception(recorder, warmup=2, joining=joining, on_default_group=adopt, on_destroy=gather) as caught:
         runpy.run_path(script)          # the script, unchanged
     caught.interposer.unseen            # what ran as torch's own, by name
     caught.tracker.iterations           # its iterations and phases
@@ -10,8 +10,10 @@ listed in `unseen` by name.
 Mechanism (lowest first)          what it catches                                             file
 the group's CPU backend           every op reaching a gloo group however it was made (C++,    seen.py
                                   `pg.allreduce`, DeviceMesh, new_group): through its Comm
-the groups torch makes            the default group, however made (init_process_group by      groups.py
-                                  any name, DeviceMesh's own): `on_default_group`
+the default group's life          born by init_process_group (the job's defaults, its         groups.py
+                                  rendezvous: `joining`), adopted however made (any name,
+                                  DeviceMesh's own: `on_default_group`), `on_destroy` before
+                                  destroy_process_group
 DDP's reducer group               bucket all-reduces, as async ops the reducer waits on       ddp_reducer.py
 functional-collective kernels     DTensor, TP, FSDP2's clip and compiled graphs' collectives  functional.py
 torch.distributed's names         the Python call: its async Work, its name, forms gloo sends  interpose.py,
@@ -32,7 +34,8 @@ Exercised by: `pytest tests/test_profile_compiled.py tests/test_profile_cli.py`.
 
 from __future__ import annotations
 
-from commprof.intercept import ddp_reducer, functional, groups, interpose, interposer, seen
+from commprof.intercept import ddp_reducer, functional, interpose, interposer, seen
+from commprof.intercept.groups import DefaultGroup
 from commprof.record import hooks
 
 
@@ -40,15 +43,19 @@ class Interception:
     """The script's process, intercepted: a context manager that installs every mechanism on entry and
     removes every one on exit, whatever failed."""
 
-    def __init__(self, recorder, *, warmup: int, route_ddp: bool = True, on_default_group=None) -> None:
+    def __init__(self, recorder, *, warmup: int, route_ddp: bool = True, joining=None, backend: str | None = None,
+                 on_default_group=None, on_destroy=None) -> None:
         self.recorder = recorder
         """The op log and clock every group's Comm shares."""
         self.warmup = warmup
         """Iterations before the measured ones (the tracker's)."""
         self.route_ddp = route_ddp
         """Route DDP's reducer through Comm (`--no-ddp-reducer` turns it off: buckets then reach the backend)."""
-        self.on_default_group = on_default_group
-        """Called with the default process group once torch has made it, however the script made it."""
+        self.default_group = DefaultGroup(joining, backend=backend, adopt=on_default_group, dying=on_destroy)
+        """The default group's life (groups.py): the script's init_process_group joins the job through `joining`
+        (comm/joining.py; None: torch's own), naming `backend` where the script names none (None: torch's
+        choice); `on_default_group(pg, timeout_s)` once torch has made it, however the script made it;
+        `on_destroy()` before the script destroys it."""
         self.interposer: interposer.Interposer | None = None
         self.tracker: hooks.Tracker | None = None
 
@@ -59,7 +66,7 @@ class Interception:
                 ddp_reducer.install(self.interposer)
             functional.install(self.interposer)
             seen.install(self.interposer)
-            groups.install(self.on_default_group)
+            self.default_group.install()
             self.tracker = hooks.install(self.recorder, self.warmup)
         except BaseException:
             self.__exit__(None, None, None)
@@ -68,7 +75,7 @@ class Interception:
 
     def __exit__(self, *exc) -> None:
         hooks.uninstall()
-        groups.uninstall()
+        self.default_group.uninstall()
         seen.uninstall()
         functional.uninstall()
         ddp_reducer.uninstall()

@@ -5,14 +5,17 @@ its process group goes, and rank 0's report.
                                                └─ its end with the group alive: gather, destroy
             → rank 0: tables, --json; every rank: the script's own exit code
 
-Once the script's process group exists — made by init_process_group under any name, or by DeviceMesh — the
-rank begins the life cycle bench and run have (lifecycle.RankLife: watchdog, env block, trace), and gathers
-through it before the group goes. The watchdog (comm/failure/watchdog.py) watches it as it watches `commprof run`:
-its collectives run through Comm, so a stall past --timeout (or the script's own timeout), a backend error,
-the script's exception or its non-zero exit is claimed on a control plane beside the script's rendezvous store;
-the ranks' flight records then tell a desync (exit 4, naming both calls) from a stalled or dead peer (3), and
-the rank that failed first speaks for the job — its traceback from the script's frames down (exit 1), or its
-exit status. Rank 0 keeps what it measured: its iterations so far, printed and in --json, marked incomplete.
+The rank checks in with its job before the script runs; the script's init_process_group meets its peers under
+the start-up deadline (comm/joining.py). The interception (intercept/) sees the script's default group born and
+destroyed and calls back here: once it exists — made by init_process_group under any name, or by DeviceMesh —
+(`_adopt`), and before it goes (`_dying`). Once it exists the rank begins the life cycle bench and run have
+(lifecycle.RankLife: watchdog, env block, trace), and gathers through it before the group goes. The watchdog
+(comm/failure/watchdog.py) watches it as it watches `commprof run`: its collectives run through Comm, so a stall
+past --timeout (or the script's own timeout), a backend error, the script's exception or its non-zero exit is
+claimed on a control plane beside the script's rendezvous store; the ranks' flight records then tell a desync
+(exit 4, naming both calls) from a stalled or dead peer (3), and the rank that failed first speaks for the job —
+its traceback from the script's frames down (exit 1), or its exit status. Rank 0 keeps what it measured: its
+iterations so far, printed and in --json, marked incomplete.
 
 torch's flight record is on in every rank (TORCH_FR_BUFFER_SIZE, unless the user sized it); rank 0 stamps the wall
 clock at each measured iteration's begin and end and reads its record once, after the last, for the report to set
@@ -28,20 +31,17 @@ import runpy
 import sys
 import time
 from collections import deque
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from commprof.base import deadline, files, job
+from commprof.base import files, job
 from commprof.base.backends import slots
 from commprof.base.env import local_env, merge_env
 from commprof.base.errors import CommprofError, ScriptError, UsageError
 from commprof.base.world import World, usable_cores
 from commprof.comm import join
-from commprof.comm.failure.faults import Injector
-from commprof.comm.store import open_store
+from commprof.comm.joining import Joining
 from commprof.intercept import Interception
 from commprof.launcher.kept import Kept
 from commprof.launcher.lifecycle import RankLife
@@ -70,14 +70,12 @@ def backend_of(pg) -> str:
 
 def run_rank(cfg, world: World) -> int:
     """This rank's exit code: the script's, or 1 when it raised, or 2 when it never made a process group."""
-    fault = Injector.for_rank(world.rank)
-    if fault is not None:
-        fault.start()
+    joining = Joining(world, timeout_s=cfg.timeout_s)  # the at=start faults fire here
     rendezvous.set_env(world)
     torch.set_num_threads(max(1, usable_cores() // world.local_world_size))
-    job.check_in(world.rank, world.world_size, timeout_s=cfg.timeout_s)
+    joining.check_in()  # before the script runs; it meets its peers when it makes its group (intercept/groups.py)
     join("profile")  # the process ends through comm.end_process: see there why
-    session = Session(cfg, world, fault)
+    session = Session(cfg, world, joining)
     try:
         code = session.run()
     finally:
@@ -88,8 +86,8 @@ def run_rank(cfg, world: World) -> int:
 class Session:
     """The script's run on this rank, with commprof underneath."""
 
-    def __init__(self, cfg, world: World, fault: Injector | None = None) -> None:
-        self.cfg, self.world, self.fault = cfg, world, fault
+    def __init__(self, cfg, world: World, joining: Joining) -> None:
+        self.cfg, self.world = cfg, world
         self.recorder = OpRecorder(CpuClock())
         """One clock for the ops and the phases: CUDA events once the script's group is NCCL's (_adopt)."""
         self.life = RankLife(cfg, world, slots(cfg.backend), findings=cfg.live is None)
@@ -101,12 +99,13 @@ class Session:
         self.initialised = False
         self.gathered: tuple | None = None
         """(every rank's result, the env block) on rank 0, (None, None) elsewhere, once gathered."""
-        self._timeout_s = cfg.timeout_s
-        """The script's process group's timeout: its own where it gave one to init_process_group."""
-        self.caught = Interception(self.recorder, warmup=cfg.warmup, route_ddp=cfg.ddp_reducer,
-                                   on_default_group=self._adopt).__enter__()
+        # --backend mpi is mpi4py's (comm/mpi_comm.py), not a torch.distributed backend: a script's group that
+        # names none is then torch's default
+        self.caught = Interception(self.recorder, warmup=cfg.warmup, route_ddp=cfg.ddp_reducer, joining=joining,
+                                   backend=None if cfg.backend == "mpi" else cfg.backend,
+                                   on_default_group=self._adopt, on_destroy=self._dying).__enter__()
         self.interposer, self.tracker = self.caught.interposer, self.caught.tracker
-        self.interposer.fault = self.tracker.fault = fault
+        self.interposer.fault = self.tracker.fault = joining.fault
         self.tracker.progress = StepProgress("iteration", None, show=world.rank == 0)
         self.record_size = torch_record.turn_on(os.environ)
         """torch's flight record of every collective, on before the script makes its groups (torch_record.py)."""
@@ -117,36 +116,11 @@ class Session:
         """rank 0: its record tallied over the measured iterations once gathered (or why there is none)."""
         if world.rank == 0 and self.record_size["buffer_size"]:
             self._stamp_iterations()
-        self._saved = (dist.init_process_group, dist.destroy_process_group, c10d.init_process_group,
-                       c10d.destroy_process_group)
-        # both names: a library may call distributed_c10d's (one that imported it earlier holds torch's own, and
-        # its group is adopted all the same: intercept/groups.py)
-        dist.init_process_group = c10d.init_process_group = self._init
-        dist.destroy_process_group = c10d.destroy_process_group = self._destroy
 
-    # ---- the script's process group ---------------------------------------------------------
-    def _init(self, backend=None, init_method=None, timeout=None, *args, **kwargs):
-        """The script's init_process_group by torch.distributed's names: commprof's defaults (the job's backend,
-        --timeout, a store bound to the job's address) and a deadline on the rendezvous."""
-        if backend is None and self.cfg.backend != "mpi":
-            backend = self.cfg.backend
-        if timeout is None:
-            timeout = timedelta(seconds=self.cfg.timeout_s)
-        self._timeout_s = timeout.total_seconds()
-        if self.fault is not None:
-            self.fault.start("init")
-        with deadline.guard("the rendezvous", timeout_s=self._timeout_s, rank=self.world.rank):
-            if init_method in (None, "env://") and not args and "store" not in kwargs and self._own_store():
-                # rank 0's store bound to the job's address, not every interface (comm/store.py)
-                kwargs.update(store=open_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                               rank=self.world.rank, world_size=self.world.world_size,
-                                               timeout_s=self._timeout_s),
-                              rank=self.world.rank, world_size=self.world.world_size)
-                init_method = None
-            self._saved[2](backend, init_method, timeout, *args, **kwargs)
-
-    def _adopt(self, pg) -> None:
-        """The script's default group exists, however it was made: watch it, trace it."""
+    # ---- the script's process group: intercept/groups.py calls these ----------------------------
+    def _adopt(self, pg, timeout_s: float) -> None:
+        """The script's default group exists, however it was made: watch it, trace it. `timeout_s`: its
+        timeout, the script's own where it gave one to init_process_group."""
         if self.initialised:
             return
         self.initialised = True
@@ -155,7 +129,7 @@ class Session:
             self.recorder.clock = CudaClock()
             self.tracker.phases.use(self.recorder.clock)
         world = self.interposer.comm(None)
-        world.timeout_s = self._timeout_s
+        world.timeout_s = timeout_s
         world.control = rendezvous.control_plane(world)
         rank = self.life.begin(world, backend=backend_of(pg))
         if self.cfg.live is not None:
@@ -169,6 +143,11 @@ class Session:
             self.kept = kept = Kept(self.cfg.out.json, self._incomplete, show=self._show_incomplete)
             rank.on_failure(kept.abandon)
             self.tracker.on_end = kept.update
+
+    def _dying(self) -> None:
+        """The script destroys its default group: every rank's figures are gathered over it first."""
+        if self.gathered is None:
+            self.gather()
 
     def _stamp_iterations(self) -> None:
         """The wall clock at each measured iteration's begin and end, and the unseen calls made inside it: the
@@ -211,18 +190,6 @@ class Session:
             return {**info, "why": f"torch's record could not be read: {exc}"}
         tallied = torch_record.tally(dump, [(b, e) for b, e, _ in spans], self.interposer.group_names())
         return {**info, "tallied": tallied, "unseen_steps": [u or {} for _, _, u in spans]}
-
-    def _own_store(self) -> bool:
-        """Whether commprof makes the rendezvous store for an env:// init: the variables are the job's (as
-        commprof set them) and no torchrun agent serves one already."""
-        env = os.environ
-        return (env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and env.get("RANK") == str(self.world.rank)
-                and env.get("WORLD_SIZE") == str(self.world.world_size) and "MASTER_PORT" in env)
-
-    def _destroy(self, group=None):
-        if group is None and self.gathered is None and c10d.is_initialized():
-            self.gather()
-        self._saved[3](group)
 
     # ---- the run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -378,6 +345,4 @@ class Session:
         if self.live is not None:
             self.live.close("the script ended before its process group was gathered")
         self.caught.__exit__(None, None, None)
-        dist.init_process_group, dist.destroy_process_group, c10d.init_process_group, \
-            c10d.destroy_process_group = self._saved
         self.life.close()

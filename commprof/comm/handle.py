@@ -38,23 +38,23 @@ class Handle:
 
     def _completed(self, end) -> None:
         """The backend's future fired (its own thread)."""
-        with self._lock:
+        with self._lock:  # logged under the lock: a wait() that finds the op ended then finds it logged too
             if self._waiting or self._end is not None:
                 return
             self._end = end
-        self._land()
-        self._log(end, True)
+            self._land()
+            self._log(end, True)
 
     def complete_on_stream(self) -> None:
         """CUDA, from a callback chained on the op's future (`get_future().then`), which runs with current
         streams that wait on the op: the op ends at an event recorded there. Chained at issue
         (TorchComm._watch_completion) and by DDP's routed reducer. A wait() already begun logs instead."""
-        with self._lock:
+        with self._lock:  # as _completed: logged before a wait() can see it ended
             if self._waiting or self._end is not None:
                 return
             self._end = end = self._comm._now()
-        self._land()
-        self._log(end, None)
+            self._land()
+            self._log(end, None)
 
     def _land(self) -> None:
         """End the in-flight range: called once, by whichever of the future, the stream callback and wait()

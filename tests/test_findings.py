@@ -237,8 +237,8 @@ def test_a_pipeline_of_unequal_stages_has_a_bubble_finding_and_an_equal_one_none
 
     from spawn import spawn
 
-    from commprof.findings.figures import bubble, excess
     from commprof.findings.kinds import THRESHOLD
+    from commprof.findings.untraced import bubble, excess
 
     worker = str(Path(__file__).with_name("bubble_worker.py"))
     spec = {"schedules": ["pipeline-gpipe"], "micro_batches": [4], "last_stage_layers": last_stage_layers}

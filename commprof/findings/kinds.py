@@ -25,7 +25,7 @@
                 between hosts) on the bus, among those whose bytes take at least LINK_MIN_US on it (below,
                 latency rules: latency_bound's kind); evidence: each such op (name, group, size) with its
                 bus bandwidth and fraction of its link. Without it: each costs its bytes at the link's rate.
-  bubble, host  from the job's own figures, no trace needed: findings/figures.py.
+  bubble, host  from the job's own figures, no trace needed: findings/untraced.py.
 
 A finding below THRESHOLD of the step is not reported: a balanced job reports no straggler or imbalance.
 

@@ -321,8 +321,8 @@ class Session:
             env["contention"] = self.life.rank.contention.read()
         doc = combine(self.cfg, results, env, trace_dir=self.life.folder.path if self.life.folder else None,
                       record=self.record)
-        from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
+        from commprof.findings.untraced import with_figures
 
         if not doc["steps"]["measured"]:  # the trace's iterations are all warm-up: nothing to find in them
             from commprof.findings.kinds import THRESHOLD

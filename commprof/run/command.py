@@ -274,8 +274,8 @@ class _Run(lifecycle.Command):
             rank.env["contention"] = rank.contention.read()
         doc = combine(cfg, results, rank.env)
         console = results_console()
-        from commprof.findings.figures import with_figures
         from commprof.findings.kinds import of_trace
+        from commprof.findings.untraced import with_figures
         from commprof.report.findings_block import findings_text
 
         traced = of_trace(rank.trace_dir, link=cfg.link) if rank.trace_dir else None

@@ -85,8 +85,8 @@ def refind(name: str) -> None:
 
     from rich.console import Console
 
-    from commprof.findings.figures import with_figures
     from commprof.findings.kinds import of_trace
+    from commprof.findings.untraced import with_figures
     from commprof.report.findings_block import findings_text
 
     folder = OUT / name

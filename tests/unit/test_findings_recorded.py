@@ -174,7 +174,7 @@ def test_a_straggler_without_aligned_iterations_prices_none_of_its_late_ops(reco
 
 
 def test_host_work_every_rank_does_is_a_finding_and_one_ranks_alone_is_not():
-    from commprof.findings.figures import host, with_figures
+    from commprof.findings.untraced import host, with_figures
 
     def summary(*others):
         return {"wall_ms": 100.0, "per_rank": [{"rank": r, "other_ms": o} for r, o in enumerate(others)]}
@@ -193,7 +193,7 @@ def test_host_work_every_rank_does_is_a_finding_and_one_ranks_alone_is_not():
 
 def test_a_bubble_beyond_the_schedules_tells_unequal_stages_from_latency():
     # GPipe, 2 stages, 4 micro-batches (the schedule's bubble 1/5); per-micro-batch work t of each stage
-    from commprof.findings.figures import bubble, excess
+    from commprof.findings.untraced import bubble, excess
     from commprof.report.findings_block import findings_text
 
     def block(schedule_ms, work_ms):
@@ -214,7 +214,7 @@ def test_a_bubble_beyond_the_schedules_tells_unequal_stages_from_latency():
 
 def test_findings_of_a_contended_host_say_so(recorded):
     # on a busy machine stragglers were named with no cause: the reader is told the machine was shared
-    from commprof.findings.figures import with_figures
+    from commprof.findings.untraced import with_figures
     from commprof.report.findings_block import findings_text
 
     doc = load(recorded("slowed"))

@@ -9,7 +9,7 @@
 #   OUT=out GPU_CHECKS_DEVICE=cpu bash benchmarks/gpu_session.sh   # the same steps on CPU tensors
 #
 # GPU_SESSION_BUDGET_S (default 400) bounds the steps' wall time together; GPU_SESSION_STEPS (default
-# "tests truth hta straggler cost") picks steps; PYTHON (default python3) the interpreter.
+# "tests truth hta straggler cost idioms") picks steps; PYTHON (default python3) the interpreter.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 : "${OUT:?set OUT to the results folder}"
@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 LOG=$OUT/gpu-session.log
 PY=${PYTHON:-python3}
 BUDGET=${GPU_SESSION_BUDGET_S:-400}
-STEPS=${GPU_SESSION_STEPS:-tests truth hta straggler cost}
+STEPS=${GPU_SESSION_STEPS:-tests truth hta straggler cost idioms}
 export PYTHONUNBUFFERED=1
 say() { echo "$(date +%T) $*" | tee -a "$LOG"; }
 

@@ -1,6 +1,7 @@
 """gpu_checks.py's `idioms` step: tests/scripts/modern_train.py's compiled modes on CUDA (NCCL, one rank), plain and
-under `commprof profile`: exit codes, the losses to the bit, and what profile counted (ops on NCCL's streams) and
-left unseen. `OUT=out python3 benchmarks/gpu_checks.py idioms --device cpu --budget 150` runs them on gloo."""
+under `commprof profile`: exit codes, the losses to the bit, what profile counted (ops on NCCL's streams) and left
+unseen, and how its count stands against torch's own flight record.
+`OUT=out python3 benchmarks/gpu_checks.py idioms --device cpu --budget 150` runs them on gloo."""
 
 from __future__ import annotations
 
@@ -40,4 +41,8 @@ def run(args, out: Path, budget: Budget) -> None:
             entry.update(clock=doc["env"].get("clock"), steps=doc["steps"], unseen=doc["unseen"],
                          volume={k: v["calls_per_step"] for k, v in doc["volume"].items()},
                          outside={k: v["calls"] for k, v in doc["outside_iterations"].items()})
+            # what torch's own flight record holds beside commprof's count (profile/torch_record.py): every NCCL
+            # op counted from the record, the unseen ones too, is what the record is there for
+            fr = doc.get("torch_record") or {}
+            entry["torch_record"] = {k: fr.get(k) for k in ("agree", "why", "in_neither", "volume")} if fr else None
         record(out, "idioms", **{mode: entry})

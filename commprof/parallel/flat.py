@@ -3,7 +3,7 @@
 The vector is padded with zeros to a multiple of world_size so every shard has the same length: the
 tensor flavours of all_gather and reduce_scatter need equal chunks. Shard `rank` is an ordinary
 parameter the optimizer updates; SGD and Adam are elementwise, so updating shards equals updating
-the whole. Exercised by: `pytest tests/test_strategies.py -k "cnn or sharded"` (zero1, zero2, fsdp).
+the whole. Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` (zero1, zero2, fsdp).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ bucket issues an async all_reduce of the whole bucket. After backward, every buc
 wait is the exposed communication), averaged, and handed back as the gradients. With gradient
 accumulation, hooks stay quiet until the last micro-batch (DDP's no_sync). A parameter that gets no
 gradient in a step is sent as zeros, so every rank issues the same ops in the same order.
-Exercised by: `pytest tests/test_strategies.py -k "cnn or ddp"`.
+Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` and `pytest tests/test_strategies.py -k cnn`.
 """
 
 from __future__ import annotations

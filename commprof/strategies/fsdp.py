@@ -12,7 +12,7 @@ gathered once per step and kept until backward is done. With --prefetch, the nex
 is issued as soon as the current one starts (forward order in forward, reverse order in backward).
 Communication per step: all_gather of every unit's bytes twice (the root's once), reduce_scatter once.
 Frozen parameters are not sharded (they need no gradient exchange) and stay on every rank.
-Exercised by: `pytest tests/test_strategies.py -k fsdp`.
+Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` and `pytest tests/test_strategies.py -k cnn`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Not used in practice, but the right starting point: every replica computes gradients on its shard of
 the global batch, and the mean of those gradients is the gradient of the global batch. The studies'
 "vanilla" data parallelism; `ddp` is the same arithmetic with buckets issued during backward.
-Exercised by: `pytest tests/test_strategies.py -k "cnn or transformer"`.
+Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` and `pytest tests/test_strategies.py -k cnn`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Every rank holds the full parameters and full gradients, but the optimizer (and 
 moments) only for its 1/world_size slice of the flat parameter vector. After backward the flat
 gradient is all-reduced; each rank steps its slice; the updated slices are all-gathered back into the
 full parameters. Communication: one all_reduce and one all_gather of the parameter bytes per step.
-Exercised by: `pytest tests/test_strategies.py -k "cnn or transformer"`.
+Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` and `pytest tests/test_strategies.py -k cnn`.
 """
 
 from __future__ import annotations

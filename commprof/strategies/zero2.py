@@ -6,7 +6,7 @@ As zero1, but the flat gradient is reduce-scattered instead of all-reduced: each
 the reduced gradient of its own slice and keeps nothing else between steps. Its slice is stepped and
 the updated slices are all-gathered back into the full parameters. Communication per step: one
 reduce_scatter and one all_gather of the parameter bytes — the same wire bytes as one all_reduce.
-Exercised by: `pytest tests/test_strategies.py -k cnn`.
+Exercised by: `pytest tests/unit/test_fake_comm_strategies.py` and `pytest tests/test_strategies.py -k cnn`.
 """
 
 from __future__ import annotations

@@ -257,3 +257,29 @@ def test_tensor_parallel_ops_bytes_and_parameters(k, dp):
             assert step == seq, f"rank {r}"
         assert_volume(result, Counter(seq), {"world": k, "tp": t, "dp": dp})
     assert_same_params(ranks[0][1], single(batch * dp))  # rank 0 joins replica 0's slices
+
+
+# ---- the variants tests/strategy_worker.py once ran as jobs: parameters, and volume against prediction -------
+VARIANTS = {
+    "transformer, accumulation, checkpointing": (("naive-dp", "ddp", "zero1", "zero2", "fsdp"),
+                                                 dict(model="gpt2-tiny", grad_accum=2, checkpoint=True,
+                                                      seq_len=16, samples=256), ATOL),
+    "frozen backbone, fsdp without prefetch": (("ddp", "fsdp"), dict(model="squeezenet1_0", frozen_backbone=True,
+                                                                      prefetch=False, batch_size=2, lr=0.01), ATOL),
+    "sharded adam": (("ddp", "zero2", "fsdp"), dict(optimizer="adam", lr=1e-3), 1e-4),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_match_single_and_their_prediction(variant):
+    strategies, overrides, atol = VARIANTS[variant]
+    k = 2
+    settings = {**BASE, **overrides}
+    reference = loop.train(RunConfig(strategy="single", **{**settings, "batch_size": settings["batch_size"] * k}),
+                           None, torch.device("cpu"))[1]
+    for strategy in strategies:
+        for result, state, _ in train_ranks(k, strategy, **overrides):
+            worst = max(float((state[key] - value).abs().max()) for key, value in reference.items())
+            assert worst <= atol, f"{strategy}: parameters differ from single's by up to {worst:g}"
+            for step in result["volume_steps"]:
+                assert {key: v["payload_bytes"] for key, v in step.items()} == result["predicted"], strategy

@@ -16,7 +16,7 @@ Memory is a return value of the step that measured it: a rank holds the most rig
 step, before the gradients are dropped, and only the step itself sees that moment. Counting walks every
 tensor inside the "step" phase, so the caller asks for it on one step (the loop: the last) and every
 other step returns None. `held_bytes()` says what is counted; `optimizer_step` calls it at that moment.
-Exercised by: `pytest tests/test_strategies.py` and `pytest tests/test_pipeline.py -k frozen`.
+Exercised by: `pytest tests/test_strategies.py` and `pytest tests/unit/test_fake_comm_models.py -k frozen`.
 """
 
 from __future__ import annotations

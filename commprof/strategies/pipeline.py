@@ -10,7 +10,7 @@ mirrors it with the gradient of that output. Each boundary b→b+1 is its own tw
 op log and the volume table say which boundary every byte crossed. With --dp > 1, each stage's
 gradients are averaged over the replicas by one flat all_reduce before the step. Every rank builds the
 whole model from the seed (identical weights everywhere) and trains only its stage's layers.
-Exercised by: `pytest tests/test_pipeline.py`.
+Exercised by: `pytest tests/unit/test_fake_comm_models.py tests/test_pipeline.py`.
 """
 
 from __future__ import annotations

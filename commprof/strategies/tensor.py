@@ -16,7 +16,7 @@ last one stays whole. Embeddings, LayerNorms and output heads are replicated: th
 gradients are the same on every tp rank, so are their gradients. Every rank builds the whole model
 from the seed and keeps its slices, so it starts from `single`'s weights exactly. With --dp > 1 every
 gradient this rank holds is averaged over the replicas by one flat all_reduce after backward.
-Exercised by: `pytest tests/unit/test_tensor_degrees.py tests/test_tensor.py`.
+Exercised by: `pytest tests/unit/test_tensor_degrees.py tests/unit/test_fake_comm_models.py tests/test_tensor.py`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ which the threads share (test_fake_comm_strategies.py says when that mattered).
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import torch
 from support.fake_comm import FakeWorld
@@ -41,9 +42,10 @@ def worker_rows(nproc: int, **spec) -> list[dict]:
     return rows
 
 
-def _row(name: str, cfg: RunConfig, nproc: int, reference: dict, atol: float) -> dict:
-    world = FakeWorld(nproc)
-    built = threading.Barrier(nproc, timeout=world.timeout_s)
+@contextmanager
+def one_build_at_a_time(world_size: int, timeout_s: float):
+    """loop.build, for the block, one rank at a time, and no rank on to training before all have built."""
+    built = threading.Barrier(world_size, timeout=timeout_s)
     build = loop.build
 
     def serial(config):
@@ -51,16 +53,22 @@ def _row(name: str, cfg: RunConfig, nproc: int, reference: dict, atol: float) ->
             try:
                 made = build(config)
             except BaseException:
-                built.abort()
+                built.abort()  # the peers waiting below fail at once
                 raise
         built.wait()
         return made
 
     loop.build = serial
     try:
-        ranks = world.run(lambda comm: loop.train(cfg, comm, torch.device("cpu")))
+        yield
     finally:
         loop.build = build
+
+
+def _row(name: str, cfg: RunConfig, nproc: int, reference: dict, atol: float) -> dict:
+    world = FakeWorld(nproc)
+    with one_build_at_a_time(nproc, world.timeout_s):
+        ranks = world.run(lambda comm: loop.train(cfg, comm, torch.device("cpu")))
     result, state = ranks[0]
     every = [({op: v["payload_bytes"] for op, v in mean_volume(r["volume_steps"]).items()}, r["predicted"])
              for r, _ in ranks]

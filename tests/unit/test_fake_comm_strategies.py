@@ -18,13 +18,13 @@ stay there. Model: mnist-cnn (21,840 parameters; its four layers are its FSDP un
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from functools import cache
 
 import pytest
 import torch
 from support.fake_comm import FakeWorld
+from support.fake_worker import one_build_at_a_time
 
 from commprof.record.recorder import GROUP, NAME, NBYTES
 from commprof.run import loop
@@ -35,27 +35,6 @@ BASE = dict(model="mnist-cnn", backend="gloo", batch_size=4, steps=2, warmup=0, 
 """tests/strategy_worker.py's settings: several DDP buckets (10 KiB), every step a new batch."""
 ATOL = 2e-5
 F32 = 4
-_BUILD = threading.Lock()
-_BUILT: list = [None]
-"""The threading.Barrier every rank of the running FakeWorld passes once built; None outside train_ranks."""
-
-
-@pytest.fixture(autouse=True)
-def one_build_at_a_time(monkeypatch):
-    build = loop.build
-
-    def serial(cfg):
-        with _BUILD:
-            try:
-                built = build(cfg)
-            except BaseException:
-                if _BUILT[0] is not None:
-                    _BUILT[0].abort()  # the peers waiting below fail at once
-                raise
-        if _BUILT[0] is not None:
-            _BUILT[0].wait()
-        return built
-    monkeypatch.setattr(loop, "build", serial)
 
 
 def train_ranks(world_size: int, strategy: str, **overrides) -> list[tuple[dict, dict, list]]:
@@ -68,11 +47,8 @@ def train_ranks(world_size: int, strategy: str, **overrides) -> list[tuple[dict,
         result, state = loop.train(cfg, comm, torch.device("cpu"), on_step=lambda _: steps.append(
             [(op[NAME], op[GROUP], op[NBYTES]) for op in comm.recorder.ops]))
         return result, state, steps
-    _BUILT[0] = threading.Barrier(world_size, timeout=world.timeout_s)
-    try:
+    with one_build_at_a_time(world_size, world.timeout_s):
         return world.run(rank)
-    finally:
-        _BUILT[0] = None
 
 
 @cache

@@ -52,9 +52,16 @@ def spans_on(events, thread):
     return [e for e in events if e["ph"] == "X" and e["tid"] == tid]
 
 
+def slack_us(began_ns: int, slept_ns: int) -> float:
+    """How long the block since `began_ns` took beyond its sleeps, in µs: the most a host stamp and the stand-in
+    event recorded beside it can be apart (a thread descheduled between them, on a busy machine)."""
+    return max(0.0, (time.perf_counter_ns() - began_ns - slept_ns) / 1000)
+
+
 def test_ranges_and_ops_land_on_stream_threads_where_their_events_were(tmp_path):
     rec = recorder(tmp_path)
     ANNOTATOR.trace = rec
+    began = time.perf_counter_ns()
     try:
         with Range(ANNOTATOR.label("iteration 1", "iteration")):
             with Range(ANNOTATOR.label("backward", "compute")):
@@ -66,13 +73,14 @@ def test_ranges_and_ops_land_on_stream_threads_where_their_events_were(tmp_path)
                 rec.op(("all_reduce", 4096, 2, start, end, False, "dp"), OneRankComm())
     finally:
         ANNOTATOR.trace = None
+    tolerance = 200 + slack_us(began, 2_000_000)
     rec.close()
     events = trace.load(rec.path)
     cpu = {e["name"]: e for e in spans_on(events, "training")}
     gpu = {e["name"]: e for e in spans_on(events, "stream: ranges")}
     assert sorted(gpu) == sorted(cpu) == ["backward", "iteration 1"]
     for name, span in gpu.items():  # stand-in events are recorded right beside the host stamps
-        assert abs(span["ts"] - cpu[name]["ts"]) < 200 and abs(span["dur"] - cpu[name]["dur"]) < 200
+        assert abs(span["ts"] - cpu[name]["ts"]) < tolerance and abs(span["dur"] - cpu[name]["dur"]) < tolerance
         assert span["cat"] == cpu[name]["cat"]
     op, = spans_on(events, "stream: comm (dp)")
     assert op["name"] == "all_reduce (dp)" and op["args"] == {"bytes": 4096, "group_size": 2, "seq": 0}
@@ -111,14 +119,19 @@ def test_spans_wait_until_the_stream_has_passed_them(tmp_path):
     assert names == ["iteration 0", "iteration 1", "iteration 2", "iteration 3"]
 
 
+RATE = 0.95
+"""The stand-in device clock's rate against the host's."""
+
+
 class SlowEvent(HostEvent):
-    """A device whose clock runs 1 % slow against the host's."""
+    """A device whose clock runs 5 % slow against the host's."""
 
     def elapsed_time(self, other):
-        return (other.t - self.t) / 1e6 * 0.99
+        return (other.t - self.t) / 1e6 * RATE
 
 
 def test_a_device_clock_drifting_from_the_hosts_is_rescaled_at_close(tmp_path):
+    began = time.perf_counter_ns()
     rec = recorder(tmp_path, SlowEvent)
     ANNOTATOR.trace = rec
     try:
@@ -128,11 +141,15 @@ def test_a_device_clock_drifting_from_the_hosts_is_rescaled_at_close(tmp_path):
     finally:
         ANNOTATOR.trace = None
     rec.close()
+    took_ns = time.perf_counter_ns() - began
+    slack = slack_us(began, 100_000_000)
     events = trace.load(rec.path)
     cpu, gpu = spans_on(events, "training"), spans_on(events, "stream: ranges")
     assert [e["name"] for e in gpu] == [e["name"] for e in cpu]
-    # 1 % of the ~100 ms since the anchor would put the last span ~1 ms early; rescaled, it lands with its push
+    # 5 % of the ~100 ms since the anchor would put the last span ~5 ms early; rescaled, it lands with its push
+    # (within what the run took beyond its sleeps: a host stamp and its event may be that far apart)
     for host, stream in zip(cpu, gpu):
-        assert abs(stream["ts"] - host["ts"]) < 200 and abs(stream["dur"] - host["dur"]) < 200, (host, stream)
+        assert abs(stream["ts"] - host["ts"]) < 200 + slack and abs(stream["dur"] - host["dur"]) < 200 + slack, \
+            (host, stream, slack)
     rate = next(e for e in events if e.get("name") == "gpu_clock_rate")["args"]
-    assert abs(rate["drift_ppm"] - 1e6 * (1 / 0.99 - 1)) < 500 and rate["bound_ns"] >= 0
+    assert abs(rate["drift_ppm"] - 1e6 * (1 / RATE - 1)) < 500 + 1e9 * slack / took_ns and rate["bound_ns"] >= 0

@@ -209,6 +209,8 @@ class Session:
         except SystemExit as exc:
             code = ending.exit_code(exc.code)
         except CommprofError as exc:
+            if interrupt.seen:  # a Ctrl-C Python dropped (raised in a __del__ or a callback), then the peers
+                return self._interrupted(exc)  # it reached too went, failing this rank's next collective
             self._fail(exc)
             raise
         except KeyboardInterrupt as exc:

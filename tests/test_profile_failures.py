@@ -183,7 +183,7 @@ def test_a_ctrl_c_python_dropped_then_a_failing_peer_is_an_interruption(tmp_path
     out = tmp_path / "out.json"
     proc = commprof("profile", "--nproc", "2", "--timeout", TIMEOUT, "--json", str(out), "--",
                     str(SCRIPTS / "lost_ctrl_c.py"), timeout=120)
-    assert "Exception ignored in" in proc.stderr and "KeyboardInterrupt" in proc.stderr  # the drop happened
+    assert "Exception ignored" in proc.stderr and "KeyboardInterrupt" in proc.stderr  # the drop happened
     assert re.search(r"incomplete: rank 0.s \d+ measured iteration\(s\) only: interrupted\n", proc.stdout), \
         proc.stdout[-2000:]
     assert "peer rank exited" not in proc.stdout + proc.stderr, proc.stderr[-3000:]

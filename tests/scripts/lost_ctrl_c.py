@@ -1,6 +1,6 @@
 """Ctrl-C lost on rank 0, seen by rank 1: rank 0's KeyboardInterrupt raised in a __del__ (Python prints it and
 goes on), rank 1's ending it, so that rank 0's next collective fails for the peer the Ctrl-C took. Exercised by
-`pytest tests/test_profile_failures.py -k lost`."""
+`pytest tests/test_profile_failures.py -k dropped`."""
 import signal
 
 import torch
